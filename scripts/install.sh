@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install grpo with a torch build that fits the machine: the CPU wheel where there is no NVIDIA GPU
+# (an unpinned `pip install torch` would pull a multi-GB CUDA build), the default CUDA wheel where there is one.
+# Usage: bash scripts/install.sh [EXTRAS]   e.g. EXTRAS=dev,math
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    pip_install "torch==2.13.0"
+  else
+    pip_install --retries 0 --timeout 10 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
+      || pip_install "torch==2.13.0"
+  fi
+fi
+if [ -n "$extras" ]; then pip_install -e ".[$extras]"; else pip_install -e .; fi
