@@ -1,0 +1,1 @@
+"""Reward functions, their runner (timeouts, isolation) and the code sandbox."""

@@ -1,0 +1,474 @@
+"""Run untrusted Python (a model's completion) in a throwaway sandbox: the code rewards' executor.
+
+    from grpo.rewards.sandbox import run_python
+    res = run_python("print(1 + 1)", timeout=5.0, memory_mb=512)
+    res.status, res.stdout, res.wall_s                  # ("passed", "2\\n", 0.05)
+
+`status` is one of
+  passed         the program exited 0
+  failed         it exited with a non-zero code (an uncaught exception, a failed assert, MemoryError, ...)
+  timeout        it was still running at `timeout` seconds of wall-clock time and was killed (with everything it started)
+  error          it was killed by a signal (a resource limit, a crash) or printed more than OUTPUT_LIMIT bytes to a stream
+  sandbox_error  the sandbox itself could not start the program: not the program's fault (code rewards score it None)
+`stdout` and `stderr` keep the first OUTPUT_CAP bytes of each stream (decoded as UTF-8, bad bytes replaced).
+
+Every call gets a new process group (session) that is SIGKILLed as a whole at the wall-clock limit; rlimits set in
+the sandboxed interpreter before the program's first line (RLIMIT_AS = memory_mb, RLIMIT_CPU = timeout + 1 s,
+RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE, no core files); a private temporary working directory (deleted
+afterwards); an environment with nothing but PATH, HOME, LANG; the interpreter in isolated mode (`python -I`: no
+PYTHON* variables, no user site, no script directory on sys.path); output caps. The limits are applied by the
+interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer is one).
+
+Backends (the first that works on this machine is used; force one with `backend=` or GRPO_SANDBOX_BACKEND):
+
+  bwrap    Debian's bubblewrap. New pid, network, ipc, uts (and cgroup) namespaces; a new root that holds only
+           /usr (+ the /bin, /lib, ... links), the Python installation and the dynamic loader's /etc files, all
+           read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp and /work (the working
+           directory). Host files outside those are invisible. --die-with-parent, --new-session, --clearenv.
+  unshare  util-linux `unshare`: the same pid, network, ipc and uts namespaces, but NO filesystem isolation: the
+           program sees the host's files with the permissions of its uid (below) and works in a private temporary
+           directory on the host.
+  rlimit   plain subprocess: rlimits, process group, private working dir, scrubbed environment only. NO network
+           isolation, and a process that calls setsid() escapes the group kill (after the run, processes carrying
+           this run's environment token are killed as a best effort).
+
+When we run as root, every backend drops the program to an unprivileged uid of its own (0x70000000 + random, no
+capabilities, no_new_privs) with util-linux `setpriv`, because the kernel does not apply RLIMIT_NPROC to root: without
+the drop a fork bomb is bounded only by the wall clock. (If the interpreter itself is not readable by other users,
+the unshare/rlimit backends keep CAP_DAC_READ_SEARCH so the interpreter can load: the program can then read any file.)
+
+What is covered (bwrap): infinite loops (wall-clock kill of the whole pid namespace); fork bombs (RLIMIT_NPROC as an
+unprivileged uid, then the namespace kill); large allocations (RLIMIT_AS); huge output (caps, then a kill); huge files
+(RLIMIT_FSIZE, tmpfs size); reading or writing host files outside the sandbox (not mounted / read-only); network
+access (empty network namespace); daemons that setsid() and outlive the program (killed with the pid namespace);
+signals to host processes (pid namespace); privilege escalation through setuid binaries (no_new_privs).
+
+What is NOT covered: no seccomp syscall filter, so a kernel vulnerability is an escape; no cgroup, so memory is
+limited per process (up to MAX_PROCESSES x memory_mb in all) and CPU time is shared with the host; readable files
+under /usr and the Python installation (e.g. installed packages) are visible; timing and other side channels;
+code that games the test harness from inside its own interpreter (e.g. objects whose __eq__ always returns True).
+This is a guard against buggy and reward-hacking model output, not a boundary against a determined attacker: for
+that run code rewards on separate machines (SandboxFusion, E2B, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["SandboxResult", "run_python", "available_backends", "default_backend", "BACKENDS", "STATUSES"]
+
+logger = logging.getLogger("grpo.rewards")
+
+STATUSES = ("passed", "failed", "timeout", "error", "sandbox_error")
+BACKENDS = ("bwrap", "unshare", "rlimit")
+OUTPUT_CAP = 64 * 1024  # bytes of each stream kept in the result
+OUTPUT_LIMIT = 1024 * 1024  # bytes on one stream after which the program is killed (status "error")
+TMPFS_BYTES = 64 * 1024 * 1024  # size of each tmpfs (/work, /tmp) under bwrap
+MAX_PROCESSES = 16  # RLIMIT_NPROC: processes + threads of the sandbox uid
+MAX_OPEN_FILES = 64  # RLIMIT_NOFILE
+MAX_FILE_BYTES = 16 * 1024 * 1024  # RLIMIT_FSIZE
+_UID_BASE = 0x70000000  # above the ranges systemd hands out to users and containers
+_STARTED = b"\x1e[grpo-sandbox: program started]\n"
+_KILL_GRACE_S = 1.0
+_SETPRIV_DROP = ["--clear-groups", "--no-new-privs", "--inh-caps=-all"]
+_CAP_DAC_READ_SEARCH = 2
+
+_BOOT = """\
+import os, resource, sys
+for _k, _v in {limits!r}:
+    resource.setrlimit(getattr(resource, _k), (_v, _v))
+os.write(2, {marker!r})
+sys.argv = ["main.py"]
+with open("main.py", encoding="utf-8") as _f:
+    _src = _f.read()
+del _f, _k, _v
+exec(compile(_src, "main.py", "exec"), {{"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}})
+"""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one `run_python` call. `status` is one of STATUSES (see the module docstring)."""
+
+    status: str
+    stdout: str
+    stderr: str
+    wall_s: float
+    returncode: int | None = None
+    backend: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+
+def run_python(
+    code: str,
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 1024,
+    stdin: str | bytes | None = None,
+    backend: str | None = None,
+) -> SandboxResult:
+    """Run `code` as a Python program in a fresh sandbox and return its SandboxResult.
+
+    timeout: wall-clock seconds before the whole sandbox is SIGKILLed (status "timeout").
+    memory_mb: address-space limit of each process (RLIMIT_AS); allocations beyond it raise MemoryError.
+    stdin: data for the program's standard input (empty by default).
+    backend: "bwrap" | "unshare" | "rlimit" | None (None: GRPO_SANDBOX_BACKEND, else the first that works here).
+    """
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0, got {timeout!r}")
+    if memory_mb < 64:
+        raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {memory_mb!r}")
+    name = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or default_backend()
+    if name not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}")
+    if backend is not None or os.environ.get("GRPO_SANDBOX_BACKEND"):
+        reason = _probe(name)
+        if reason:
+            return SandboxResult("sandbox_error", "", f"sandbox backend {name!r} does not work here: {reason}", 0.0, None, name)
+    return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name)
+
+
+def available_backends() -> list[str]:
+    """The backends that work on this machine, best first."""
+    return [b for b in BACKENDS if not _probe(b)]
+
+
+def default_backend() -> str:
+    """The backend `run_python` uses when none is forced: the first of BACKENDS that works here."""
+    for b in BACKENDS:
+        if not _probe(b):
+            return b
+    return "rlimit"
+
+
+# ----------------------------------------------------------------------------------------------- backend probing
+
+_probe_lock = threading.Lock()
+_probe_cache: dict[str, str] = {}
+
+
+def _probe(backend: str) -> str:
+    """'' when `backend` can run a trivial program here, else the reason it cannot. Cached per process."""
+    with _probe_lock:
+        if backend not in _probe_cache:
+            _probe_cache[backend] = _probe_uncached(backend)
+            if _probe_cache[backend]:
+                logger.info("sandbox backend %r unavailable: %s", backend, _probe_cache[backend])
+        return _probe_cache[backend]
+
+
+def _probe_uncached(backend: str) -> str:
+    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(backend)
+    if tool and not shutil.which(tool):
+        return f"`{tool}` not found on PATH"
+    if not sys.platform.startswith("linux") and backend != "rlimit":
+        return "namespaces need Linux"
+    res = _run("import sys; sys.exit(0)", timeout=20.0, memory_mb=512, stdin=None, backend=backend)
+    if res.status != "passed":
+        return f"{res.status}: {res.stderr.strip()[-500:]}"
+    return ""
+
+
+# --------------------------------------------------------------------------------------------- command building
+
+
+def _python_roots() -> list[str]:
+    """Directories the interpreter needs that are not under /usr (venv, pyenv, conda installs)."""
+    exe = os.path.realpath(sys.executable)
+    cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(exe))}
+    cands |= {os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))}
+    roots = sorted({os.path.realpath(c) for c in cands if c} | {os.path.abspath(c) for c in cands if c})
+    keep: list[str] = []
+    for r in roots:
+        if r in ("/", "/usr") or r.startswith("/usr/") or not os.path.isdir(r):
+            continue
+        if any(r == k or r.startswith(k + "/") for k in keep):
+            continue
+        keep.append(r)
+    return keep
+
+
+def _bwrap_args(workdir: str) -> list[str]:
+    root = os.geteuid() == 0
+    ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if root else ["--unshare-all"]
+    args = ["bwrap", *ns, "--die-with-parent", "--new-session", "--clearenv"]
+    for k, v in _env("/work", None).items():
+        args += ["--setenv", k, v]
+    args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    for d in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+        args += ["--ro-bind-try", f, f]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
+    args += ["--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", "/work"]
+    args += ["--ro-bind", os.path.join(workdir, "main.py"), "/work/main.py"]
+    made: set[str] = set()
+    for r in _python_roots():
+        parts = r.strip("/").split("/")
+        for i in range(1, len(parts)):  # traversable parents even where the host's are 0700 (/root)
+            d = "/" + "/".join(parts[:i])
+            if d not in made:
+                args += ["--perms", "0755", "--dir", d]
+                made.add(d)
+        args += ["--ro-bind", r, r]
+    return args + ["--chdir", "/work", "--"]
+
+
+def _env(home: str, token: str | None) -> dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "GRPO_SANDBOX": "1"}
+    if token:
+        env["GRPO_SANDBOX_TOKEN"] = token
+    return env
+
+
+def _exe_readable_by_others() -> bool:
+    """True if every directory above the interpreter is searchable and the files readable by any user."""
+    for path in {os.path.realpath(sys.executable), os.path.abspath(sys.executable), *_python_roots()}:
+        p = path
+        while p not in ("/", ""):
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                return False
+            if os.path.isdir(p) and not mode & 0o001 or not os.path.isdir(p) and not mode & 0o004:
+                return False
+            p = os.path.dirname(p)
+    return True
+
+
+def _have_cap(bit: int) -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _drop_uid(uid: int, *, inside_bwrap: bool) -> list[str]:
+    """setpriv prefix that runs the program as `uid` (only when we are root), or [] when no drop is possible."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv:
+        if os.geteuid() == 0:
+            _warn_once("nosetpriv", "`setpriv` not found: sandboxed code runs as root, RLIMIT_NPROC is not enforced")
+        return []
+    ids = [f"--reuid={uid}", f"--regid={uid}"]
+    if inside_bwrap or _exe_readable_by_others():
+        return [setpriv, *ids, *_SETPRIV_DROP, "--bounding-set=-all", "--"]
+    if _have_cap(_CAP_DAC_READ_SEARCH):
+        keep = "+dac_read_search"
+        return [setpriv, *ids, "--clear-groups", "--no-new-privs", f"--inh-caps=-all,{keep}", f"--ambient-caps={keep}",
+                "--bounding-set=-all,+dac_read_search", "--"]
+    _warn_once("noread", "the Python installation is not readable by other users: sandboxed code runs as root")
+    return []
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg)
+
+
+def _command(backend: str, workdir: str, boot: str, uid: int) -> list[str]:
+    py = [sys.executable, "-I", "-c", boot]
+    if backend == "bwrap":
+        return [*_bwrap_args(workdir), *_drop_uid(uid, inside_bwrap=True), *py]
+    pdeath = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+    drop = _drop_uid(uid, inside_bwrap=False)
+    if backend == "unshare":
+        user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+        ns = ["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--ipc", "--uts", *user, "--"]
+        return [*pdeath, *ns, *drop, *py]
+    return [drop[0], "--pdeathsig", "KILL", *drop[1:], *py] if drop else [*pdeath, *py]
+
+
+# ------------------------------------------------------------------------------------------------------ running
+
+
+def _run(code: str, *, timeout: float, memory_mb: int, stdin: str | bytes | None, backend: str) -> SandboxResult:
+    token = secrets.token_hex(8)
+    uid = _UID_BASE + secrets.randbelow(1 << 24)
+    limits = [
+        ("RLIMIT_AS", memory_mb * 1024 * 1024),
+        ("RLIMIT_CPU", int(math.ceil(timeout)) + 1),
+        ("RLIMIT_NPROC", MAX_PROCESSES),
+        ("RLIMIT_NOFILE", MAX_OPEN_FILES),
+        ("RLIMIT_FSIZE", MAX_FILE_BYTES),
+        ("RLIMIT_CORE", 0),
+    ]
+    boot = _BOOT.format(limits=limits, marker=_STARTED)
+    workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
+    t0 = time.monotonic()
+    proc = None
+    try:
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+            f.write(code)
+        os.chmod(os.path.join(workdir, "main.py"), 0o644)
+        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        with open(os.path.join(workdir, "stdin"), "wb") as f:
+            f.write(data)
+        cmd = _command(backend, workdir, boot, uid)
+        if backend != "bwrap" and os.geteuid() == 0 and any(a.startswith("--reuid=") for a in cmd):
+            os.chown(workdir, uid, uid)
+        with open(os.path.join(workdir, "stdin"), "rb") as fin:
+            try:
+                proc = subprocess.Popen(
+                    cmd, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
+                    env=_env(workdir, token), start_new_session=True, close_fds=True,
+                )
+            except OSError as e:
+                return SandboxResult("sandbox_error", "", f"could not start the sandbox: {e}", time.monotonic() - t0, None, backend)
+        deadline = t0 + timeout
+        out, err, timed_out, overflow = _communicate(proc, deadline)
+        if not (timed_out or overflow):
+            timed_out = not _wait_exit(proc.pid, deadline)
+        _kill_all(proc, backend, token, kill_first=timed_out or overflow)
+        return _result(proc.returncode, out, err, timed_out, overflow, time.monotonic() - t0, backend)
+    finally:
+        if proc is not None and proc.returncode is None:
+            _kill_all(proc, backend, token, kill_first=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = OUTPUT_CAP + len(_STARTED) - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+
+
+def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Stream, bool, bool]:
+    """Read both pipes until EOF, the deadline, or an overflow; keep the head of each. -> (out, err, timed_out, overflow)"""
+    streams = {proc.stdout.fileno(): _Stream(), proc.stderr.fileno(): _Stream()}
+    sel = selectors.DefaultSelector()
+    for fd in streams:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    exited_at = None
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                return *streams.values(), True, False
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > 0.5:
+                break  # the program is gone; something it left behind holds the pipes (rlimit backend)
+            for key, _ in sel.select(min(deadline - now, 0.1)):
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                s = streams[key.fd]
+                s.add(data)
+                if s.total > OUTPUT_LIMIT + len(_STARTED):
+                    return *streams.values(), False, True
+    finally:
+        sel.close()
+    return *streams.values(), False, False
+
+
+def _exited(pid: int) -> bool:
+    """True once `pid` has exited; does not reap it (so its pid, and its process group id, cannot be reused yet)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _wait_exit(pid: int, deadline: float) -> bool:
+    while not _exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _kill_all(proc: subprocess.Popen, backend: str, token: str, *, kill_first: bool) -> None:
+    """Leave nothing running and nothing unreaped. In a pid namespace, kill its init (the wrapper's child) so the
+    kernel kills every process inside and the wrapper reaps it; then kill the group and reap the wrapper."""
+    if kill_first and backend in ("bwrap", "unshare"):
+        try:
+            kids = psutil.Process(proc.pid).children()
+        except psutil.Error:
+            kids = []
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+        _wait_exit(proc.pid, time.monotonic() + _KILL_GRACE_S)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the wrapper is unreaped, so this group id is still ours
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for f in (proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+    if backend == "rlimit":
+        _sweep(token)
+
+
+def _sweep(token: str) -> None:
+    """Kill processes that carry this run's environment token (daemons that left the process group)."""
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("GRPO_SANDBOX_TOKEN") == token:
+                p.kill()
+        except (psutil.Error, OSError):
+            continue
+
+
+def _result(rc: int | None, out: _Stream, err: _Stream, timed_out: bool, overflow: bool, wall: float, backend: str) -> SandboxResult:
+    started = err.head.startswith(_STARTED)
+    err_head = err.head[len(_STARTED):] if started else err.head
+    err_total = err.total - (len(_STARTED) if started else 0)
+    stderr = bytes(err_head[:OUTPUT_CAP]).decode("utf-8", "replace")
+    stdout = bytes(out.head[:OUTPUT_CAP]).decode("utf-8", "replace")
+    if timed_out:
+        status = "timeout"
+    elif overflow:
+        status = "error"
+        stderr += f"\n[sandbox] killed: more than {OUTPUT_LIMIT} bytes of output on one stream"
+    elif not started:
+        status = "sandbox_error"
+    elif rc == 0:
+        status = "passed"
+    elif rc is None or rc < 0 or rc >= 128:
+        status = "error"
+    else:
+        status = "failed"
+    return SandboxResult(status, stdout, stderr, wall, rc, backend, out.total > OUTPUT_CAP, err_total > OUTPUT_CAP)
