@@ -1,1 +1,47 @@
-"""Reward functions, their runner (timeouts, isolation) and the code sandbox."""
+"""Reward functions (TRL signature), their registry, the runner (weights, timeouts, isolation) and the code sandbox.
+
+    from grpo.rewards import RewardRunner, get_reward_function
+    runner = RewardRunner([("exact_answer", get_reward_function("exact_answer"), 1.0),
+                           ("format", get_reward_function("format_tags"), 0.1)], timeout_s=10.0)
+    res = runner(prompts, completions, {"answer": answers})   # res.total (N,), NaN where missing
+
+See docs/rewards.md for the protocol, the failure semantics, the built-ins and what the sandbox covers.
+"""
+
+from grpo.rewards.base import (
+    REWARD_FUNCTIONS,
+    RewardFunctionError,
+    UnknownRewardFunction,
+    completion_text,
+    get_reward_function,
+    prompt_text,
+    register_reward,
+)
+from grpo.rewards.runner import RewardResult, RewardRunner, RewardSpec
+
+# Built-ins register themselves on import (none of these imports transformers or math-verify).
+from grpo.rewards.answers import countdown, exact_answer, math_verify  # noqa: E402
+from grpo.rewards.code_exec import code_tests  # noqa: E402
+from grpo.rewards.formatting import format_tags, overlong_reward, regex_format  # noqa: E402
+from grpo.rewards.reward_model import RewardModel  # noqa: E402
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "RewardFunctionError",
+    "UnknownRewardFunction",
+    "RewardResult",
+    "RewardRunner",
+    "RewardSpec",
+    "RewardModel",
+    "get_reward_function",
+    "register_reward",
+    "completion_text",
+    "prompt_text",
+    "exact_answer",
+    "math_verify",
+    "countdown",
+    "format_tags",
+    "regex_format",
+    "overlong_reward",
+    "code_tests",
+]

@@ -1,0 +1,143 @@
+"""The reward-function protocol, the registry of built-ins, and the errors the runner raises.
+
+A reward function has TRL's signature, so TRL reward functions work unchanged:
+
+    def my_reward(prompts, completions, **columns) -> list[float | None]: ...
+
+It is called with keywords: `prompts` (N prompts, one per completion), `completions` (N strings, or N
+conversations, each a list of {"role", "content"} messages) and the data set's other columns (`answer`, `tests`, ...),
+each a list of N values. It returns N numbers; `None` means "no signal for this sample" (left out of the group
+statistics, advantage 0, counted in `reward/missing_frac`). NaN, inf, non-numbers and a wrong length are errors.
+Async functions (`async def`) are awaited.
+
+Built-ins are registered by name (`REWARD_FUNCTIONS`); `get_reward_function(name, **options)` returns a ready reward
+function. Parametrised built-ins (`regex_format`, `overlong`, `reward_model`) are factories: their options are required.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "REWARD_FUNCTIONS",
+    "RewardFunctionError",
+    "UnknownRewardFunction",
+    "register_reward",
+    "get_reward_function",
+    "completion_text",
+    "prompt_text",
+]
+
+REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+_FACTORIES: set[str] = set()
+_BUILTIN_MODULES = ("grpo.rewards.answers", "grpo.rewards.formatting", "grpo.rewards.code_exec", "grpo.rewards.reward_model")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function failed on more than `max_failure_frac` of the samples of one call."""
+
+    def __init__(self, name: str, failed: int, total: int, max_failure_frac: float, traceback: str | None) -> None:
+        self.name, self.failed, self.total, self.traceback = name, failed, total, traceback
+        msg = (
+            f"reward function {name!r} raised on {failed}/{total} samples, more than max_failure_frac="
+            f"{max_failure_frac:g}"
+        )
+        if traceback:
+            msg += f"; last traceback:\n{traceback.rstrip()}"
+        super().__init__(msg)
+
+
+class UnknownRewardFunction(ValueError, KeyError):
+    """No reward function is registered under that name (a ValueError, and a KeyError for dict-style callers)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def register_reward(name: str, fn: Callable[..., Any] | None = None, *, factory: bool = False):
+    """Register `fn` under `name` (as a decorator when `fn` is omitted).
+
+    factory=True: `fn(**options)` builds the reward function (get_reward_function passes the options).
+    """
+
+    def add(f: Callable[..., Any]) -> Callable[..., Any]:
+        old = REWARD_FUNCTIONS.get(name)
+        if old is not None and getattr(old, "__qualname__", None) != getattr(f, "__qualname__", None):
+            raise ValueError(f"a reward function named {name!r} is already registered ({old!r})")
+        REWARD_FUNCTIONS[name] = f
+        (_FACTORIES.add if factory else _FACTORIES.discard)(name)
+        return f
+
+    return add(fn) if fn is not None else add
+
+
+def _load_builtins() -> None:
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+
+
+def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
+    """The reward function registered as `name`, configured with `options`.
+
+    Factories are called with the options; a plain function gets them bound as keyword defaults (a partial that keeps
+    its name and attributes). Unknown names raise UnknownRewardFunction (a ValueError) listing the known ones; options
+    the function does not take, or a factory's missing options, raise ValueError. A built-in whose optional dependency
+    is missing raises ImportError naming the extra to install.
+    """
+    _load_builtins()
+    if name not in REWARD_FUNCTIONS:
+        known = ", ".join(sorted(REWARD_FUNCTIONS))
+        raise UnknownRewardFunction(f"unknown reward function {name!r}; known: {known}")
+    fn = REWARD_FUNCTIONS[name]
+    requires = getattr(fn, "requires", None)
+    if requires and importlib.util.find_spec(requires[0]) is None:
+        raise ImportError(f"reward function {name!r} needs the `{requires[0]}` package: pip install '{requires[1]}'")
+    sig = inspect.signature(fn)
+    if name in _FACTORIES:
+        try:
+            sig.bind(**options)
+        except TypeError as e:
+            raise ValueError(f"reward function {name!r} takes options {sig}: {e}") from None
+        return fn(**options)
+    if not options:
+        return fn
+    named = {p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(options) - named)
+    if unknown:
+        raise ValueError(f"reward function {name!r} has no option(s) {unknown}; its signature is {sig}")
+    bound = functools.partial(fn, **options)
+    functools.update_wrapper(bound, fn)
+    return bound
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal parts: [{"type": "text", "text": ...}, ...]
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion: the string itself, or the assistant messages' contents of a conversation."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return _content_text(completion.get("content"))
+    if isinstance(completion, (list, tuple)):
+        msgs = [m for m in completion if isinstance(m, dict)]
+        assistant = [m for m in msgs if m.get("role") == "assistant"] or msgs
+        return "\n".join(_content_text(m.get("content")) for m in assistant)
+    return "" if completion is None else str(completion)
+
+
+def prompt_text(prompt: Any) -> str:
+    """The text of one prompt: the string itself, or all messages' contents of a conversation, joined by newlines."""
+    if isinstance(prompt, (list, tuple)):
+        return "\n".join(_content_text(m.get("content")) if isinstance(m, dict) else str(m) for m in prompt)
+    return completion_text(prompt)
