@@ -56,3 +56,41 @@ class Rollouts:
 
     def prompt_of(self, i: int) -> Prompt:
         return self.prompts[i // self.group_size]
+
+    def select_groups(self, groups: list[int]) -> "Rollouts":
+        """The rollouts of the given prompt indices (whole groups), in that order."""
+        G = self.group_size
+        rows = [g * G + j for g in groups for j in range(G)]
+        idx = torch.tensor(rows, dtype=torch.long, device=self.completion_ids.device)
+        gidx = torch.tensor(groups, dtype=torch.long, device=self.prompt_ids.device)
+        return Rollouts(
+            prompts=[self.prompts[g] for g in groups], group_size=G, prompt_ids=self.prompt_ids[gidx],
+            prompt_mask=self.prompt_mask[gidx], completion_ids=self.completion_ids[idx],
+            completion_mask=self.completion_mask[idx], logp=self.logp[idx], truncated=self.truncated[idx],
+            texts=[self.texts[i] for i in rows],
+        )
+
+    @staticmethod
+    def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
+        """Join rollouts of several generation rounds (left-padding prompts, right-padding completions)."""
+        if len(parts) == 1:
+            return parts[0]
+        L = max(p.prompt_ids.shape[1] for p in parts)
+        T = max(p.completion_ids.shape[1] for p in parts)
+
+        def left(x, width, value):
+            return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+        def right(x, width, value):
+            return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+        return Rollouts(
+            prompts=[q for p in parts for q in p.prompts], group_size=parts[0].group_size,
+            prompt_ids=torch.cat([left(p.prompt_ids, L, pad_id) for p in parts]),
+            prompt_mask=torch.cat([left(p.prompt_mask, L, 0) for p in parts]),
+            completion_ids=torch.cat([right(p.completion_ids, T, pad_id) for p in parts]),
+            completion_mask=torch.cat([right(p.completion_mask, T, 0) for p in parts]),
+            logp=torch.cat([right(p.logp, T, 0.0) for p in parts]),
+            truncated=torch.cat([p.truncated for p in parts]),
+            texts=[t for p in parts for t in p.texts],
+        )

@@ -1,0 +1,146 @@
+"""The `grpo` command line: train, eval, compare, bench, report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG = """examples:
+  grpo train                                   the built-in default: arithmetic task, built-in model, offline
+  grpo train deepseekmath train.steps=100      a preset plus dotted overrides
+  grpo train my.yaml --output-dir runs/x       a YAML file (may say `extends: dapo`)
+  grpo train runs/x/config.yaml --output-dir runs/x --resume
+  grpo eval runs/x/final --json
+"""
+
+
+def _train(args) -> int:
+    from grpo.config import load_config, list_presets
+
+    if args.list_presets:
+        print("\n".join(list_presets()))
+        return 0
+    overrides = list(args.overrides)
+    source = args.preset
+    if source is not None and "=" in source:  # `grpo train algo.std=sample` without a preset
+        overrides.insert(0, source)
+        source = None
+    cfg = load_config(source, overrides)
+    if args.output_dir:
+        cfg.train.output_dir = args.output_dir
+    if args.quiet:
+        cfg.log.progress = False
+    from grpo.train.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    try:
+        summary = trainer.train(resume=args.resume)
+    finally:
+        trainer.close()
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _eval(args) -> int:
+    from grpo.config import load_config
+    from grpo.data import get_task
+    from grpo.models.loading import load_tokenizer, resolve_device
+    from grpo.train.evaluate import evaluate_model
+    from transformers import AutoModelForCausalLM
+
+    path = Path(args.model_dir)
+    run_cfg = path.parent / "config.yaml"
+    cfg = load_config(run_cfg if run_cfg.exists() else None)
+    task = get_task(args.task or cfg.data.task, difficulty=args.difficulty or cfg.data.difficulty)
+    model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
+    tokenizer = load_tokenizer(path)
+    n = args.n or cfg.eval.n
+    res = evaluate_model(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
+                         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
+    out = {"accuracy": res["accuracy"], "n": res["n"], "task": task.name, "model": str(path)}
+    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} on {res['n']} held-out problems")
+    return 0
+
+
+def _compare(args) -> int:
+    from grpo.compare import main as compare_main
+
+    return compare_main(args)
+
+
+def _bench(args) -> int:
+    from grpo.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def _report(args) -> int:
+    from grpo.tracking.report import write_report
+
+    print(write_report(Path(args.run_dir)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo", description="GRPO (and PPO) for causal language models.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train with GRPO (or a preset: deepseekmath, dapo, dr_grpo, gspo, rloo, ppo)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    t.add_argument("preset", nargs="?", help="preset name or config.yaml (default: grpo)")
+    t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. rollout.group_size=16")
+    t.add_argument("--output-dir", help="run directory (default runs/<preset>-<time>)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
+    t.add_argument("--json", action="store_true", help="print summary.json's content at the end")
+    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    t.set_defaults(func=_train)
+    e = sub.add_parser("eval", help="held-out greedy accuracy of a saved model directory")
+    e.add_argument("model_dir")
+    e.add_argument("--task", help="task name (default: the run's, or arithmetic)")
+    e.add_argument("--difficulty", help="task difficulty (default: the run's)")
+    e.add_argument("--n", type=int, help="number of held-out problems (default: the run's eval.n)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_eval)
+    c = sub.add_parser("compare", help="PPO vs GRPO on the same work, measured")
+    c.add_argument("--steps", type=int, default=60)
+    c.add_argument("--seeds", type=int, default=1)
+    c.add_argument("--output-dir", default=None)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_compare)
+    b = sub.add_parser("bench", help="performance figures and their ratios to the naive floor")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (a smoke run)")
+    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json)")
+    b.set_defaults(func=_bench)
+    r = sub.add_parser("report", help="a self-contained HTML page of a run")
+    r.add_argument("run_dir")
+    r.set_defaults(func=_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(levelname)s: %(message)s")
+    try:  # transformers' own progress bars (weight loading/saving) would interleave with ours
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+    args = build_parser().parse_args(argv)
+    from grpo.config import ConfigError
+
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"grpo: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

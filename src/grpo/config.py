@@ -1,0 +1,254 @@
+"""Typed configuration: sections, YAML presets and dotted command-line overrides.
+
+A config is built in three layers, each validated field by field:
+    defaults (the classes below)  <-  a preset or YAML file  <-  `section.key=value` overrides.
+Unknown keys and bad values raise `ConfigError` naming the field and, for choices, the allowed values.
+The resolved config is saved as `config.yaml` in the run directory and loads back to the same object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+class ConfigError(ValueError):
+    """A config value, key or file that cannot be used; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    name: str = Field("builtin:tiny", description="'builtin:tiny' (built offline) or a local HF model directory")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    gradient_checkpointing: bool = False
+
+
+class DataConfig(_Section):
+    task: str = Field("arithmetic", description="built-in task name (ignored when data.path is set)")
+    difficulty: str = Field("default", description="task difficulty level, e.g. arithmetic: easy|default|hard")
+    path: str | None = Field(None, description="local JSONL/Parquet/CSV file of training prompts")
+    train_size: int = Field(20000, ge=1)
+    test_size: int = Field(500, ge=1)
+    max_prompt_tokens: int = Field(256, ge=1)
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=2, description="G: completions sampled per prompt")
+    prompts_per_step: int = Field(16, ge=1, description="P: prompts per training step (N = P*G completions)")
+    max_new_tokens: int = Field(24, ge=1)
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class RewardConfig(_Section):
+    functions: list[str] | None = Field(None, description="reward function names; None = the task's defaults")
+    weights: list[float] | None = None
+    timeout_s: float = Field(10.0, gt=0.0)
+    max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class AlgoConfig(_Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    std: Literal["population", "sample"] = "population"
+    scale: Literal["group", "batch", "none"] = "group"
+    eps: float = Field(1e-6, ge=0.0)
+    ratio_level: Literal["token", "sequence"] = "token"
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_high: float = Field(0.2, gt=0.0)
+    dual_clip: float | None = Field(None, gt=1.0)
+    aggregate: Literal["seq_mean_token_mean", "token_mean", "seq_sum_norm"] = "seq_mean_token_mean"
+    epochs: int = Field(1, ge=1, description="mu: policy updates per rollout batch")
+    drop_zero_std_groups: bool = False
+    max_resample_batches: int = Field(4, ge=1, description="dynamic sampling: generation rounds per step at most")
+    # PPO (advantage = gae)
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    value_clip: float = Field(0.2, gt=0.0)
+    value_coef: float = Field(1.0, gt=0.0)
+    value_lr: float = Field(1e-4, gt=0.0)
+
+
+class KLConfig(_Section):
+    coef: float = Field(0.0, ge=0.0, description="beta; 0 loads no reference model at all")
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(5, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward micro-batch")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(60, ge=0)
+    seed: int = 0
+    save_every: int = Field(0, ge=0, description="checkpoint every K steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=0)
+    eval_every: int = Field(20, ge=0)
+    output_dir: str | None = Field(None, description="run directory; default runs/<preset>-<time>")
+    max_nan_steps: int = Field(3, ge=1, description="abort after this many consecutive non-finite steps")
+
+
+class EvalConfig(_Section):
+    n: int = Field(500, ge=1, description="held-out problems evaluated (greedy pass@1)")
+    batch_size: int = Field(250, ge=1)
+    max_new_tokens: int | None = None
+
+
+class WarmupConfig(_Section):
+    """Supervised warm-up that builds the built-in model (before RL; its data is the train split only)."""
+
+    steps: int = Field(500, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(3e-3, gt=0.0)
+
+
+class LogConfig(_Section):
+    sample_groups: int = Field(2, ge=0, description="whole groups written to samples.jsonl per logged step")
+    print_group_every: int = Field(0, ge=0, description="print one group like the seed's example every N steps")
+    progress: bool = True
+    tensorboard: bool = False
+    plots: bool = True
+
+
+class ParallelConfig(_Section):
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
+class Config(_Section):
+    preset: str = "grpo"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    algo: AlgoConfig = AlgoConfig()
+    kl: KLConfig = KLConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    log: LogConfig = LogConfig()
+    parallel: ParallelConfig = ParallelConfig()
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "Config":
+        if self.reward.weights is not None and self.reward.functions is not None:
+            if len(self.reward.weights) != len(self.reward.functions):
+                raise ValueError(
+                    f"reward.weights has {len(self.reward.weights)} entries but reward.functions has "
+                    f"{len(self.reward.functions)}"
+                )
+        if self.algo.aggregate == "seq_sum_norm" and self.algo.ratio_level == "sequence":
+            raise ValueError("algo.ratio_level=sequence (GSPO) needs a per-sequence aggregate, not seq_sum_norm")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'algo.clip_high=0.28' -> (['algo', 'clip_high'], 0.28); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def _apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+    node[path[-1]] = value
+
+
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            section = ".".join(str(p) for p in e["loc"][:-1])
+            msg = f"unknown key{' in section ' + section if section else ''}"
+        elif e["type"] == "literal_error":
+            allowed = e.get("ctx", {}).get("expected", "")
+            msg = f"must be one of {allowed}, got {e.get('input')!r}"
+        lines.append(f"{field}: {msg}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e)) from None
+
+
+def load_config(source: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a config from a preset name or YAML path (default: the 'grpo' preset) plus dotted overrides."""
+    source = "grpo" if source is None else str(source)
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        data = _read_yaml(path)
+    elif (PRESET_DIR / f"{source}.yaml").exists():
+        data = _read_yaml(PRESET_DIR / f"{source}.yaml")
+        data.setdefault("preset", source)
+    else:
+        raise ConfigError(f"unknown preset or file {source!r}; presets: {list_presets()}")
+    if "extends" in data:
+        parent = load_config(data.pop("extends")).to_dict()
+        parent.pop("preset", None)
+        data = _merge(parent, data)
+    for text in overrides or []:
+        keys, value = parse_override(text)
+        _apply_override(data, keys, value)
+    return build_config(data)

@@ -1,0 +1,1 @@
+"""Policy, reference, value and reward models: loading, the built-in tiny model and its tokenizer."""

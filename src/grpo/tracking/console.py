@@ -1,0 +1,76 @@
+"""Console output: a progress bar (step, reward, accuracy, tokens/s, ETA), the seed-style group print-out,
+warnings, and the closing summary. Without a terminal it prints one plain line every few steps instead."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+class RunConsole:
+    def __init__(self, total_steps: int, enabled: bool = True, console: Console | None = None):
+        self.console = console or Console(stderr=False, highlight=False, markup=False)
+        self.enabled = enabled
+        self.interactive = enabled and self.console.is_terminal
+        self.total = total_steps
+        self._progress = None
+        self._task = None
+        self._last_plain = 0.0
+
+    def print(self, *args, **kwargs) -> None:
+        if self._progress is not None:
+            self._progress.console.print(*args, **kwargs)
+        else:
+            self.console.print(*args, **kwargs)
+
+    def start(self, first_step: int = 0) -> None:
+        if not self.interactive:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self._task = self._progress.add_task("train", total=self.total, completed=first_step, stats="")
+        self._progress.start()
+
+    def update(self, step: int, metrics: dict, accuracy: float | None) -> None:
+        acc = f"{accuracy:.3f}" if accuracy is not None else "-"
+        stats = (f"reward {metrics.get('reward/mean', float('nan')):.3f}  acc {acc}  "
+                 f"{metrics.get('perf/gen_tokens_per_s', 0):.0f} tok/s")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=stats)
+        elif self.enabled and (time.time() - self._last_plain > 5 or step == self.total or "eval/accuracy" in metrics):
+            self._last_plain = time.time()
+            print(f"[grpo] step {step}/{self.total}  {stats}", file=sys.stdout, flush=True)
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def print_group(self, step: int, prompt: str, completions: list[str], rewards: list[float], advantages: list[float],
+                    mean: float, std: float) -> None:
+        """One group laid out like the seed's worked example (section 3.2)."""
+        table = Table(title=f"step {step}: {prompt.strip()!r}", show_lines=False)
+        for col in ("i", "completion", "reward r_i", "advantage A_i"):
+            table.add_column(col)
+        for i, (c, r, a) in enumerate(zip(completions, rewards, advantages), 1):
+            table.add_row(str(i), repr(c), f"{r:.2f}", f"{a:+.3f}")
+        table.caption = f"mean(r) = {mean:.3f}   std(r) = {std:.3f} (population, formula 4.1)   A_i = (r_i - mean) / std"
+        self.print(table)
+
+    def summary(self, summary: dict, run_dir, plot_path) -> None:
+        table = Table(title="grpo train: done", show_header=False)
+        before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+        if before is not None and after is not None:
+            table.add_row("held-out accuracy", f"{before:.3f} -> {after:.3f}  ({after - before:+.3f})")
+        table.add_row("steps", str(summary.get("steps")))
+        table.add_row("wall time", f"{summary.get('wall_s', 0):.0f} s")
+        table.add_row("run directory", str(run_dir))
+        if plot_path:
+            table.add_row("plot", str(plot_path))
+        self.print(table)

@@ -1,0 +1,52 @@
+"""Answers to "is it learning?" and "why is the loss 0?": each warning fires once, with the likely cause
+and the setting to change, when its condition has held for `patience` consecutive steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CHECKS = {
+    "zero_std": (
+        lambda m: m.get("adv/zero_std_frac", 0.0) >= 0.8,
+        "{frac:.0%} of groups have the same reward for every completion, so their advantage is 0 and they give "
+        "no gradient (the loss stays near 0 by design). The task is too easy or too hard for the model: raise "
+        "rollout.group_size, change data.difficulty, or use the dapo preset (drops such groups).",
+    ),
+    "truncated": (
+        lambda m: m.get("rollout/truncated_frac", 0.0) >= 0.5,
+        "{trunc:.0%} of completions hit rollout.max_new_tokens without ending; they are usually scored as wrong. "
+        "Raise rollout.max_new_tokens.",
+    ),
+    "kl": (
+        lambda m: m.get("policy/kl", 0.0) > 1.0,
+        "the KL to the reference model is {kl:.2f} nats per token and growing: the policy is drifting far from "
+        "its start. Lower optim.lr or raise kl.coef.",
+    ),
+}
+
+
+@dataclass
+class HealthMonitor:
+    patience: int = 3
+    flat_window: int = 20
+    _streak: dict[str, int] = field(default_factory=dict)
+    _fired: set[str] = field(default_factory=set)
+    _rewards: list[float] = field(default_factory=list)
+
+    def observe(self, metrics: dict[str, float]) -> list[str]:
+        """Feed one step's metrics; returns the warnings that fire now (each at most once per run)."""
+        out = []
+        values = dict(frac=metrics.get("adv/zero_std_frac", 0.0), trunc=metrics.get("rollout/truncated_frac", 0.0),
+                      kl=metrics.get("policy/kl", 0.0))
+        for name, (cond, text) in CHECKS.items():
+            self._streak[name] = self._streak.get(name, 0) + 1 if cond(metrics) else 0
+            if self._streak[name] >= self.patience and name not in self._fired:
+                self._fired.add(name)
+                out.append(text.format(**values))
+        self._rewards.append(metrics.get("reward/mean", 0.0))
+        window = self._rewards[-self.flat_window:]
+        if len(window) == self.flat_window and "flat" not in self._fired and max(window) - min(window) < 1e-6:
+            self._fired.add("flat")
+            out.append(f"the mean reward has not changed for {self.flat_window} steps: check that the reward "
+                       "functions see the completions (reward/<name> metrics) and that optim.lr is not too small.")
+        return out

@@ -1,0 +1,229 @@
+"""The GRPO trainer. One step is the pipeline of DESIGN.md, one line a stage:
+
+    prompts (P) -> rollouts (N = P*G) -> rewards (N,) -> advantages (N,) -> per-token loss -> update
+
+PPO differs in one visible place: its advantages come from GAE with a critic, which gets its own update.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import resource
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zero_std_groups
+from grpo.config import Config, ConfigError
+from grpo.data import get_task
+from grpo.data.stream import PromptStream
+from grpo.models.loading import frozen_copy, load_policy
+from grpo.rollout import Sampler
+from grpo.train.optim import build_optimizer
+from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
+from grpo.types import Rollouts
+
+log = logging.getLogger("grpo.train")
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class Trainer:
+    """Builds every stage from a `Config` and runs them. `train()` is the whole job; `step()` one step."""
+
+    def __init__(self, cfg: Config, *, task=None, reward_functions=None, run_dir: str | Path | None = None,
+                 console=None):
+        from grpo.rewards import RewardRunner
+
+        self.cfg = cfg
+        set_seed(cfg.train.seed)
+        self.console = console
+        self.task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+        self.run_dir = Path(run_dir or cfg.train.output_dir or default_run_dir(cfg))
+        # Splits come before the model: a data problem fails fast, before any warm-up or load.
+        self.train_prompts = self.task.split("train", cfg.data.train_size)
+        self.eval_prompts = self.task.split("test", cfg.eval.n)
+        self.policy, self.tokenizer = load_policy(cfg, self.task, console)
+        self.device = next(self.policy.parameters()).device
+        self.ref = frozen_copy(self.policy) if cfg.kl.coef > 0 else None  # beta = 0 loads no reference at all
+        self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
+                               temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                               max_prompt_tokens=cfg.data.max_prompt_tokens)
+        self.rewards = RewardRunner(functions=self._reward_specs(reward_functions), timeout_s=cfg.reward.timeout_s,
+                                    max_failure_frac=cfg.reward.max_failure_frac)
+        total_updates = cfg.train.steps * cfg.algo.epochs
+        self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optim, total_updates)
+        self.critic = None
+        if cfg.algo.advantage == "gae":
+            from grpo.train.ppo import Critic
+
+            self.critic = Critic(self.policy, cfg, total_updates)
+        self.stream = PromptStream(self.train_prompts, cfg.train.seed)
+        self.step_count = 0
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> dict[str, float]:
+        """One GRPO (or PPO) step on the next P prompts; returns its metrics."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        rollouts, scores, gen_s, reward_s = self._rollouts_and_rewards()           # rollout/ + rewards/
+        batch = self._policy_batch(rollouts)                                       # old/ref log-probs when needed
+        t1 = time.perf_counter()
+        if self.critic is None:
+            batch.adv = self._group_advantages(scores.total)                       # algo/: group baseline
+            metrics = {}
+        else:
+            batch.adv, metrics = self.critic.advantages(batch, scores.total)       # algo/: GAE with the critic
+        metrics |= policy_update(self.policy, self.optimizer, self.scheduler, batch, cfg)   # train/
+        if self.critic is not None:
+            metrics |= self.critic.update(batch)
+        self.step_count += 1
+        gen_tokens = int(rollouts.completion_mask.sum())
+        metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
+        metrics |= {"perf/step_s": time.perf_counter() - t0, "perf/generate_s": gen_s, "perf/reward_s": reward_s,
+                    "perf/update_s": time.perf_counter() - t1, "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                    "perf/peak_rss_mb": peak_rss_mb()}
+        self.last_rollouts, self.last_scores, self.last_adv = rollouts, scores, batch.adv
+        return metrics
+
+    def _rollouts_and_rewards(self):
+        """Sample and score; with algo.drop_zero_std_groups (DAPO) keep sampling until P informative groups."""
+        cfg, P, G = self.cfg, self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
+        kept_r, kept_s, gen_s, reward_s = [], [], 0.0, 0.0
+        rounds = cfg.algo.max_resample_batches if cfg.algo.drop_zero_std_groups else 1
+        for _ in range(rounds):
+            t = time.perf_counter()
+            rollouts = self.sampler.generate(self.stream.next(P), G)
+            gen_s += time.perf_counter() - t
+            t = time.perf_counter()
+            scores = self._score(rollouts)
+            reward_s += time.perf_counter() - t
+            if cfg.algo.drop_zero_std_groups:
+                keep = (~zero_std_groups(scores.total, G)).nonzero()[:, 0].tolist()
+                rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
+            kept_r.append(rollouts)
+            kept_s.append(scores)
+            if sum(len(r.prompts) for r in kept_r) >= P:
+                break
+        rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
+        scores = concat_scores(kept_s)
+        if len(rollouts.prompts) > P:
+            rollouts, scores = rollouts.select_groups(list(range(P))), select_groups(scores, list(range(P)), G)
+        return rollouts, scores, gen_s, reward_s
+
+    def _score(self, rollouts: Rollouts):
+        G = rollouts.group_size
+        columns: dict[str, list] = {"answer": [p.answer for p in rollouts.prompts for _ in range(G)]}
+        for key in rollouts.prompts[0].meta if rollouts.prompts else []:
+            columns[key] = [p.meta.get(key) for p in rollouts.prompts for _ in range(G)]
+        prompts = [p.text for p in rollouts.prompts for _ in range(G)]
+        return self.rewards(prompts, rollouts.texts, columns)
+
+    def _policy_batch(self, rollouts: Rollouts) -> PolicyBatch:
+        cfg = self.cfg
+        batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
+                            completion_ids=rollouts.completion_ids, mask=rollouts.completion_mask.float(),
+                            adv=torch.zeros(rollouts.num_completions, device=self.device),
+                            group_size=rollouts.group_size)
+        budget, temp = cfg.optim.micro_batch_tokens, cfg.rollout.temperature
+        if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
+            batch.old_logp = batch_logprobs(self.policy, batch, budget, temp)
+        if self.ref is not None:
+            batch.ref_logp = batch_logprobs(self.ref, batch, budget, temp)
+        return batch
+
+    def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        a, G = self.cfg.algo, self.cfg.rollout.group_size
+        rewards = rewards.to(self.device)
+        if a.advantage == "grpo":
+            return group_advantages(rewards, G, std=a.std, scale=a.scale, eps=a.eps)
+        if a.advantage == "dr_grpo":
+            return dr_grpo_advantages(rewards, G)
+        return rloo_advantages(rewards, G)
+
+    def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
+        total = scores.total
+        present = total[~torch.isnan(total)]
+        G = self.cfg.rollout.group_size
+        out = dict(scores.metrics)
+        out["reward/mean"] = float(present.mean()) if present.numel() else float("nan")
+        out["reward/std"] = float(present.std(correction=0)) if present.numel() else float("nan")
+        out["adv/zero_std_frac"] = float(zero_std_groups(total, G).float().mean())
+        out["adv/abs_mean"] = float(adv.abs().mean())
+        return out
+
+    @staticmethod
+    def _rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
+        lengths = rollouts.completion_mask.sum(-1).float()
+        return {"rollout/len_mean": float(lengths.mean()), "rollout/len_max": float(lengths.max()),
+                "rollout/truncated_frac": float(rollouts.truncated.float().mean()),
+                "rollout/groups": float(len(rollouts.prompts))}
+
+    def _reward_specs(self, reward_functions):
+        if reward_functions is not None:
+            return [(s[0], s[1], s[2]) if isinstance(s, tuple) else (s.__name__, s, 1.0) for s in reward_functions]
+        names = self.cfg.reward.functions
+        if names is None:
+            specs = list(self.task.reward_functions())
+        else:
+            from grpo.rewards import get_reward_function
+
+            specs = [(n, get_reward_function(n), 1.0) for n in names]
+        if self.cfg.reward.weights is not None:
+            if len(self.cfg.reward.weights) != len(specs):
+                raise ConfigError(f"reward.weights has {len(self.cfg.reward.weights)} entries for {len(specs)} "
+                                  f"reward functions {[s[0] for s in specs]}")
+            specs = [(n, f, w) for (n, f, _), w in zip(specs, self.cfg.reward.weights)]
+        return specs
+
+    # ------------------------------------------------------------------ evaluation and the whole run
+    def evaluate(self) -> dict:
+        from grpo.train.evaluate import evaluate_model
+
+        return evaluate_model(self.policy, self.tokenizer, self.task, self.eval_prompts,
+                              batch_size=self.cfg.eval.batch_size,
+                              max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
+                              max_prompt_tokens=self.cfg.data.max_prompt_tokens)
+
+    def train(self, resume: bool = False) -> dict:
+        from grpo.train.loop import run_training
+
+        return run_training(self, resume=resume)
+
+    def close(self) -> None:
+        self.rewards.close()
+
+
+def select_groups(scores, groups: list[int], group_size: int):
+    """The RewardResult rows of the given groups (dynamic sampling keeps only informative groups)."""
+    from grpo.rewards import RewardResult
+
+    rows = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
+    return RewardResult(total=scores.total[rows], per_function={k: v[rows] for k, v in scores.per_function.items()},
+                        missing=scores.missing[rows], metrics=scores.metrics)
+
+
+def concat_scores(parts):
+    """Join the RewardResults of several generation rounds; metrics are those of the first round."""
+    from grpo.rewards import RewardResult
+
+    if len(parts) == 1:
+        return parts[0]
+    return RewardResult(total=torch.cat([p.total for p in parts]), missing=torch.cat([p.missing for p in parts]),
+                        per_function={k: torch.cat([p.per_function[k] for p in parts]) for k in parts[0].per_function},
+                        metrics=parts[0].metrics)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    return Path("runs") / f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

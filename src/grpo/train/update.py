@@ -1,0 +1,122 @@
+"""The policy update: mu epochs over the rollout batch, micro-batches by token budget, one optimizer step
+per epoch, gradient clipping, and a non-finite guard (a NaN/inf loss or gradient norm skips the step).
+
+Per micro-batch:  logits -> logp (N_mb, T) -> clipped surrogate (+ beta * KL in the loss) -> aggregate with
+the GLOBAL token/sequence counts of the whole batch, so the gradient does not depend on the micro-batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo.algo import aggregate, clipped_surrogate, entropy_from_logits, kl_estimate, masked_mean, token_logprobs
+from grpo.models.forward import completion_logits
+
+
+@dataclass
+class PolicyBatch:
+    """Tensors of one rollout batch, on the training device.
+
+    prompt_ids, prompt_mask: (P, L); completion_ids, mask: (N, T) with N = P*G; adv: (N,) or (N, T);
+    old_logp, ref_logp: (N, T) or None (old_logp None means mu = 1: the ratio's denominator is logp.detach()).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    mask: torch.Tensor
+    adv: torch.Tensor
+    group_size: int
+    old_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+
+    @property
+    def num_groups(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def group_chunks(self, token_budget: int):
+        """Consecutive whole-group slices (prompt rows, completion rows) of about `token_budget` tokens each."""
+        seq_tokens = self.group_size * (self.prompt_ids.shape[1] + self.completion_ids.shape[1])
+        per = max(1, token_budget // max(seq_tokens, 1))
+        for g0 in range(0, self.num_groups, per):
+            g1 = min(g0 + per, self.num_groups)
+            yield slice(g0, g1), slice(g0 * self.group_size, g1 * self.group_size)
+
+
+def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
+                        with_entropy: bool = False):
+    """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy if asked)."""
+    logits = completion_logits(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+                               batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size)
+    logp = token_logprobs(logits, batch.completion_ids[rows_n], temperature=temperature)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach(), temperature=temperature)
+    return logp, entropy
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float) -> torch.Tensor:
+    """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref)."""
+    parts = [completion_logprobs(model, batch, p, n, temperature)[0] for p, n in batch.group_chunks(token_budget)]
+    return torch.cat(parts) * batch.mask
+
+
+def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg) -> dict[str, float]:
+    """mu epochs of the clipped-surrogate update; returns averaged metrics (floats)."""
+    algo, kl_cfg = cfg.algo, cfg.kl
+    use_kl_loss = kl_cfg.coef > 0 and batch.ref_logp is not None and algo.advantage != "gae"
+    num_tokens = batch.mask.sum()
+    num_seqs = batch.mask.shape[0]
+    sums: dict[str, float] = {}
+    skipped = 0
+    for _ in range(algo.epochs):
+        optimizer.zero_grad(set_to_none=True)
+        finite = True
+        for rows_p, rows_n in batch.group_chunks(cfg.optim.micro_batch_tokens):
+            mask = batch.mask[rows_n]
+            logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True)
+            old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
+            token_loss, m = clipped_surrogate(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
+                                              clip_high=algo.clip_high, level=algo.ratio_level,
+                                              dual_clip=algo.dual_clip)
+            agg = dict(mode=algo.aggregate, num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
+            policy_loss = aggregate(token_loss, mask, **agg)
+            loss = policy_loss
+            weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
+            if batch.ref_logp is not None:
+                kl = kl_estimate(logp, batch.ref_logp[rows_n], kind=kl_cfg.estimator)
+                kl_term = aggregate(kl, mask, **agg)
+                if use_kl_loss:
+                    loss = loss + kl_cfg.coef * kl_term
+                _add(sums, "loss/kl", kl_term.detach())
+                _add(sums, "policy/kl", weight * masked_mean(kl.detach(), mask))
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            _add(sums, "loss/policy", policy_loss.detach())
+            _add(sums, "policy/entropy", weight * masked_mean(entropy, mask))
+            for key in ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+                _add(sums, f"policy/{key}", weight * m[key])
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm) if finite else None
+        if not finite or not torch.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+            skipped += 1
+            continue
+        optimizer.step()
+        scheduler.step()
+        _add(sums, "policy/grad_norm", grad_norm)
+    out = {k: float(v) / algo.epochs for k, v in sums.items()}
+    out.setdefault("loss/kl", 0.0)
+    out.setdefault("policy/kl", 0.0)
+    out["train/skipped_updates"] = float(skipped)
+    out["optim/lr"] = scheduler.get_last_lr()[0]
+    return out
+
+
+def _add(sums: dict, key: str, value) -> None:
+    sums[key] = sums.get(key, 0.0) + value

@@ -1,0 +1,76 @@
+"""Supervised warm-up that creates the built-in model: next-token loss on the completion tokens of the
+task's demonstrations, training split only. It runs once, before any RL, and its result is cached; no
+supervised loss ever runs during the RL phase."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from pathlib import Path
+
+import torch
+
+from grpo.models.forward import position_ids_from_mask
+
+log = logging.getLogger("grpo.warmup")
+
+
+def demonstration_batch(tokenizer, task, prompts):
+    """Left-padded (B, S) ids/mask of prompt + demonstration + EOS, and labels (-100 except completion tokens)."""
+    rows = []
+    for p in prompts:
+        prompt = tokenizer(p.text, add_special_tokens=False)["input_ids"]
+        completion = tokenizer(task.demonstration(p), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt + completion, [-100] * len(prompt) + completion))
+    S = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), S), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), S), dtype=torch.long)
+    labels = torch.full((len(rows), S), -100, dtype=torch.long)
+    for i, (seq, lab) in enumerate(rows):
+        ids[i, S - len(seq):] = torch.tensor(seq)
+        mask[i, S - len(seq):] = 1
+        labels[i, S - len(seq):] = torch.tensor(lab)
+    return ids, mask, labels
+
+
+def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int, train_size: int) -> list[float]:
+    """Train `model` in place for `steps` AdamW steps (cosine LR); returns the loss curve."""
+    prompts = task.split("train", train_size)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(steps, 1)))
+    )
+    model.train()
+    losses = []
+    for _ in range(steps):
+        ids, mask, labels = demonstration_batch(tokenizer, task, rng.sample(prompts, batch_size))
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def build_warm_model(cfg, task, out_dir: Path) -> None:
+    """Create, warm up and save the built-in model into `out_dir` (save_pretrained format)."""
+    from grpo.data import get_task
+    from grpo.models.builtin import build_model, build_tokenizer
+
+    task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=cfg.train.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.train.seed)
+        losses = warm_up(model, tokenizer, task, steps=cfg.warmup.steps, batch_size=cfg.warmup.batch_size,
+                         lr=cfg.warmup.lr, seed=cfg.train.seed, train_size=cfg.data.train_size)
+    if losses:
+        log.info("warm-up: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
