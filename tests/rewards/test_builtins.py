@@ -20,7 +20,16 @@ from grpo.rewards import (
 )
 from grpo.rewards.answers import last_boxed, to_number
 
-BUILTINS = {"exact_answer", "math_verify", "format_tags", "regex_format", "overlong", "code_tests", "countdown", "reward_model"}
+BUILTINS = {
+    "exact_answer",
+    "math_verify",
+    "format_tags",
+    "regex_format",
+    "overlong",
+    "code_tests",
+    "countdown",
+    "reward_model",
+}
 
 
 def test_registry_names_and_errors():
@@ -57,7 +66,11 @@ def test_register_custom_reward():
 
 def test_completion_text():
     assert completion_text("x") == "x"
-    conv = [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}, {"role": "assistant", "content": "b"}]
+    conv = [
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "t"},
+        {"role": "assistant", "content": "b"},
+    ]
     assert completion_text(conv) == "a\nb"
     assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]) == "hi"
 
@@ -98,8 +111,12 @@ def test_exact_answer_conversational():
 
 def test_format_tags():
     good = "<think>\nsteps\n</think>\n<answer>4</answer>"
-    bad = ["<answer>4</answer>", "<think>x</think>", "text <think>x</think><answer>4</answer>",
-           "<think>x</think><answer>4</answer><answer>5</answer>"]
+    bad = [
+        "<answer>4</answer>",
+        "<think>x</think>",
+        "text <think>x</think><answer>4</answer>",
+        "<think>x</think><answer>4</answer><answer>5</answer>",
+    ]
     assert format_tags(None, [good, *bad]) == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -146,7 +163,9 @@ def test_countdown(completion, numbers, target, want):
 
 def test_countdown_require_all():
     fn = get_reward_function("countdown", require_all=True)
-    assert fn(None, ["<answer>3 + 4</answer>", "<answer>3 + 4 - 5</answer>"], numbers=[[3, 4, 5]] * 2, target=[7, 2]) == [0.0, 1.0]
+    assert fn(
+        None, ["<answer>3 + 4</answer>", "<answer>3 + 4 - 5</answer>"], numbers=[[3, 4, 5]] * 2, target=[7, 2]
+    ) == [0.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------------- math-verify

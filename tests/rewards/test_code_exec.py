@@ -58,7 +58,9 @@ def test_exiting_inside_a_test_fails_that_test(no_leak):
 
 
 def test_prints_do_not_disturb_the_verdict(no_leak):
-    chatty = fenced("print('3 2 2')\ndef add(a, b):\n    print(a, b)\n    return a + b\nif __name__ == '__main__':\n    input()")
+    chatty = fenced(
+        "print('3 2 2')\ndef add(a, b):\n    print(a, b)\n    return a + b\nif __name__ == '__main__':\n    input()"
+    )
     assert run([chatty]) == [1.0]
 
 
@@ -99,7 +101,10 @@ def test_programs_run_concurrently(no_leak):
 
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param(b, marks=pytest.mark.skipif(b not in sandbox.available_backends(), reason=f"{b} unavailable")) for b in sandbox.BACKENDS],
+    [
+        pytest.param(b, marks=pytest.mark.skipif(b not in sandbox.available_backends(), reason=f"{b} unavailable"))
+        for b in sandbox.BACKENDS
+    ],
 )
 def test_through_the_runner(backend, monkeypatch, no_leak):
     """The acceptance case: sys.exit(0) before the tests earns no reward, under every backend that works here."""

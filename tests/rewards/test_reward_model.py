@@ -33,8 +33,15 @@ def rm_dir(request, tmp_path_factory):
     torch.manual_seed(0)
     tok = _tokenizer(chat_template=request.param)
     config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
     )
     model = transformers.LlamaForSequenceClassification(config)
     path = tmp_path_factory.mktemp("rm")
@@ -57,7 +64,7 @@ def test_scores_are_per_completion_logits_and_batch_invariant(rm_dir):
     a, b = small(prompts, completions), big(prompts, completions)
     assert len(a) == 4 and all(isinstance(x, float) and math.isfinite(x) for x in a)
     assert a == pytest.approx(b, abs=1e-5)  # padding does not change a score
-    want = [_single(big, p + c) for p, c in zip(prompts, completions)]
+    want = [_single(big, p + c) for p, c in zip(prompts, completions, strict=True)]
     assert a == pytest.approx(want, abs=1e-5)
     assert len(set(round(x, 6) for x in a)) > 1
 
@@ -69,7 +76,9 @@ def test_conversational_completions_use_the_chat_template(rm_dir):
     completions = [[{"role": "assistant", "content": "2"}], [{"role": "assistant", "content": "4"}]]
     got = rm(prompts, completions)
     if has_template:
-        texts = [rm.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+        texts = [
+            rm.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions, strict=True)
+        ]
         want = [_single(rm, t, special=False) for t in texts]
     else:
         want = [_single(rm, "1+1=?2"), _single(rm, "2+2=?4")]
@@ -89,8 +98,13 @@ def test_through_the_registry_and_runner(rm_dir):
 def test_missing_pad_token_falls_back_to_eos(tmp_path):
     tok = _tokenizer(False)
     config = transformers.LlamaConfig(
-        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, num_labels=1,
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
     )
     transformers.LlamaForSequenceClassification(config).save_pretrained(tmp_path)
     tok.pad_token = None

@@ -31,7 +31,7 @@ def format_reward_func(completions, **kwargs):
 
 
 def ground_truth_reward(prompts, completions, ground_truth, **kwargs):
-    return [float(c == gt) for c, gt in zip(completions, ground_truth)]
+    return [float(c == gt) for c, gt in zip(completions, ground_truth, strict=True)]
 
 
 @pytest.fixture
@@ -64,7 +64,10 @@ def test_trl_functions_work_unchanged(runner_factory, no_leak):
 
 
 def test_conversational_completions(runner_factory):
-    convs = [[{"role": "assistant", "content": "<think>x</think><answer>1</answer>"}], [{"role": "assistant", "content": "no"}]]
+    convs = [
+        [{"role": "assistant", "content": "<think>x</think><answer>1</answer>"}],
+        [{"role": "assistant", "content": "no"}],
+    ]
     prompts = [[{"role": "user", "content": "q"}]] * 2
     res = runner_factory([format_reward_func])(prompts, convs, {})
     assert res.per_function["format_reward_func"].tolist() == [1.0, 0.0]
@@ -78,22 +81,26 @@ def test_closures_lambdas_async_and_numpy_outputs(runner_factory):
     async def async_reward(prompts, completions, **kw):
         return [1.0] * len(completions)
 
-    runner = runner_factory([
-        ("closure", lambda prompts, completions, **kw: [offset + len(c) for c in completions], 1.0),
-        ("async", async_reward, 1.0),
-        ("numpy", lambda completions, **kw: np.arange(len(completions), dtype=np.float64), 1.0),
-        ("tensor", lambda completions, **kw: torch.ones(len(completions)), 1.0),
-    ])
+    runner = runner_factory(
+        [
+            ("closure", lambda prompts, completions, **kw: [offset + len(c) for c in completions], 1.0),
+            ("async", async_reward, 1.0),
+            ("numpy", lambda completions, **kw: np.arange(len(completions), dtype=np.float64), 1.0),
+            ("tensor", lambda completions, **kw: torch.ones(len(completions)), 1.0),
+        ]
+    )
     res = runner(PROMPTS[:2], COMPLETIONS[:2], {})
     assert res.per_function["closure"].tolist() == [11.0, 12.0]
     assert res.total.tolist() == [13.0, 15.0]
 
 
 def test_none_is_missing_and_weight_zero_is_logged_only(runner_factory):
-    runner = runner_factory([
-        ("sometimes", lambda completions, **kw: [None if i == 1 else 1.0 for i in range(len(completions))], 1.0),
-        ("log_only", lambda completions, **kw: [None] * len(completions), 0.0),
-    ])
+    runner = runner_factory(
+        [
+            ("sometimes", lambda completions, **kw: [None if i == 1 else 1.0 for i in range(len(completions))], 1.0),
+            ("log_only", lambda completions, **kw: [None] * len(completions), 0.0),
+        ]
+    )
     res = runner(PROMPTS[:3], COMPLETIONS[:3], {})
     assert res.missing.tolist() == [False, True, False]
     assert math.isnan(res.total[1]) and res.total[0] == 1.0

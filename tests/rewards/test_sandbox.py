@@ -10,6 +10,7 @@ import secrets
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_stdin_and_scrubbed_environment():
     assert res.status == "passed"
     first, env = res.stdout.splitlines()
     assert first == "abc"
-    assert set(eval(env)) <= {"GRPO_SANDBOX", "GRPO_SANDBOX_TOKEN", "HOME", "LANG", "PATH", "PWD"}
+    assert set(eval(env)) <= {"GRPO_SANDBOX", "GRPO_SANDBOX_TOKEN", "HOME", "LANG", "PATH", "PWD", "MALLOC_ARENA_MAX"}
 
 
 def test_bad_arguments():
@@ -79,11 +80,23 @@ def _adversarial(case: str, tmp_path, marker: str):
         code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
         return code, lambda r: r.status in ("timeout", "error", "failed")
     if case == "allocate_10gb":
-        return "x = bytearray(10 * 1024 ** 3)\nprint('allocated')\n", lambda r: r.status == "failed" and "allocated" not in r.stdout
-    if case == "write_outside":
-        target = tmp_path / "escaped.txt"
-        code = f"open({str(target)!r}, 'w').write('pwned')\n"
-        return code, lambda r: r.status != "passed" and not target.exists()
+        return (
+            "x = bytearray(10 * 1024 ** 3)\nprint('allocated')\n",
+            lambda r: r.status == "failed" and "allocated" not in r.stdout,
+        )
+    if case == "write_outside":  # a directory the test owns, and the host user's ~/.ssh
+        targets = [tmp_path / "escaped.txt", Path.home() / ".ssh" / f"grpo-sandbox-test-{marker}"]
+        code = (
+            "import os, sys\nwritten = 0\n"
+            f"for path in {[str(t) for t in targets]!r}:\n"
+            "    try:\n"
+            "        open(path, 'w').write('pwned')\n"
+            "        written += 1\n"
+            "    except OSError as e:\n"
+            "        print(e)\n"
+            "sys.exit(0 if written else 1)\n"
+        )
+        return code, lambda r: r.status != "passed" and not any(t.exists() for t in targets)
     if case == "read_planted":
         secret = secrets.token_hex(8)
         (tmp_path / "secret.txt").write_text(secret)
@@ -169,7 +182,9 @@ def test_adversarial_socket(backend, no_leak):
         contained = res.status != "passed" and not listener.connected.is_set()
         _check_not_covered("socket", backend, contained)
         assert contained, res
-        res = run_python("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)", timeout=TIMEOUT, backend=backend)
+        res = run_python(
+            "import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=1)", timeout=TIMEOUT, backend=backend
+        )
         assert res.status != "passed"
     finally:
         listener.close()
@@ -180,7 +195,12 @@ def test_concurrent_calls_do_not_interfere(no_leak):
     from concurrent.futures import ThreadPoolExecutor
 
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-    ok = "import threading\nts = [threading.Thread(target=lambda: None) for _ in range(4)]\n[t.start() for t in ts]\nprint('ok')"
+    ok = (
+        "import threading\n"
+        "ts = [threading.Thread(target=lambda: None) for _ in range(4)]\n"
+        "[t.start() for t in ts]\n"
+        "print('ok')"
+    )
     with ThreadPoolExecutor(4) as ex:
         fb = ex.submit(run_python, bomb, timeout=TIMEOUT)
         time.sleep(0.3)

@@ -8,6 +8,8 @@
 See docs/rewards.md for the protocol, the failure semantics, the built-ins and what the sandbox covers.
 """
 
+# Importing the built-ins registers them (none of them imports transformers or math-verify at import time).
+from grpo.rewards.answers import countdown, exact_answer, math_verify
 from grpo.rewards.base import (
     REWARD_FUNCTIONS,
     RewardFunctionError,
@@ -17,13 +19,10 @@ from grpo.rewards.base import (
     prompt_text,
     register_reward,
 )
+from grpo.rewards.code_exec import code_tests
+from grpo.rewards.formatting import format_tags, overlong_reward, regex_format
+from grpo.rewards.reward_model import RewardModel
 from grpo.rewards.runner import RewardResult, RewardRunner, RewardSpec
-
-# Built-ins register themselves on import (none of these imports transformers or math-verify).
-from grpo.rewards.answers import countdown, exact_answer, math_verify  # noqa: E402
-from grpo.rewards.code_exec import code_tests  # noqa: E402
-from grpo.rewards.formatting import format_tags, overlong_reward, regex_format  # noqa: E402
-from grpo.rewards.reward_model import RewardModel  # noqa: E402
 
 __all__ = [
     "REWARD_FUNCTIONS",

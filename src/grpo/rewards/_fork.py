@@ -29,7 +29,9 @@ _PR_SET_PDEATHSIG = 1
 _EXIT_GRACE_S = 1.0
 
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform.startswith("linux") else None
+    _libc = (
+        ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform.startswith("linux") else None
+    )
 except OSError:  # pragma: no cover
     _libc = None
 
@@ -114,7 +116,9 @@ def _child_main(body: Callable[[Callable[[Any], None]], None], w: int, parent: i
         os._exit(code)
 
 
-def run_forked(body: Callable[[Callable[[Any], None]], None], timeout: float, live: LiveChildren | None = None) -> ForkOutcome:
+def run_forked(
+    body: Callable[[Callable[[Any], None]], None], timeout: float, live: LiveChildren | None = None
+) -> ForkOutcome:
     """Fork; in the child call body(emit), where emit(obj) sends a picklable obj to the parent. Wait at most
     `timeout` seconds, then SIGKILL the child's whole process group. Always kills leftovers of the group and reaps
     the child before returning."""
@@ -150,7 +154,9 @@ def run_forked(body: Callable[[Callable[[Any], None]], None], timeout: float, li
         _, status = os.waitpid(pid, 0)
         if live is not None:
             live.discard(pid)
-    out.exit_detail = f"signal {-os.waitstatus_to_exitcode(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+    out.exit_detail = (
+        f"signal {-os.waitstatus_to_exitcode(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+    )
     out.messages = _frames(bytes(buf))
     return out
 

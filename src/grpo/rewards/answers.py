@@ -100,7 +100,7 @@ def exact_answer(prompts: list[Any], completions: list[Any], answer: list[Any], 
     value, or its last number when it is a sentence ('The answer is 42.'). Other references are compared as text
     (case, surrounding $ and spaces, a final period ignored).
     """
-    return [_exact_one(c, a) for c, a in zip(completions, answer)]
+    return [_exact_one(c, a) for c, a in zip(completions, answer, strict=True)]
 
 
 # -------------------------------------------------------------------------------------------------- math-verify
@@ -159,7 +159,7 @@ def math_verify(prompts: list[Any], completions: list[Any], answer: list[Any], *
     (they fail off the main thread); run it under RewardRunner, whose forked child is killed at the timeout.
     """
     mv = _math_verify_module()
-    return [_math_one(mv, c, a) for c, a in zip(completions, answer)]
+    return [_math_one(mv, c, a) for c, a in zip(completions, answer, strict=True)]
 
 
 math_verify.requires = ("math_verify", "grpo[math]")  # type: ignore[attr-defined]
@@ -179,7 +179,12 @@ def _safe_eval(expr: str) -> tuple[Fraction, list[int]] | None:
     except (SyntaxError, ValueError):
         return None
     used: list[int] = []
-    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+    ops = {
+        ast.Add: lambda a, b: a + b,
+        ast.Sub: lambda a, b: a - b,
+        ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b,
+    }
 
     def ev(node: ast.AST) -> Fraction:
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
@@ -216,11 +221,17 @@ def _countdown_one(completion: Any, nums: Any, target: Any, require_all: bool) -
 
 @register_reward("countdown")
 def countdown(
-    prompts: list[Any], completions: list[Any], numbers: list[Any], target: list[Any], *, require_all: bool = False, **kwargs: Any
+    prompts: list[Any],
+    completions: list[Any],
+    numbers: list[Any],
+    target: list[Any],
+    *,
+    require_all: bool = False,
+    **kwargs: Any,
 ) -> list[float | None]:
     """1.0 when the completion's expression (in <answer>...</answer>, else its last line; a trailing '= ...' is
     ignored) uses only + - * / and parentheses, each of the row's `numbers` at most once (exactly once with
     require_all=True), and equals `target` exactly (rational arithmetic); else 0.0. None when the row has no numbers
     or target. Evaluated with a whitelist over Python's ast, never eval(): no sandbox needed.
     """
-    return [_countdown_one(c, n, t, require_all) for c, n, t in zip(completions, numbers, target)]
+    return [_countdown_one(c, n, t, require_all) for c, n, t in zip(completions, numbers, target, strict=True)]

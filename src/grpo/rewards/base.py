@@ -35,7 +35,12 @@ __all__ = [
 
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {}
 _FACTORIES: set[str] = set()
-_BUILTIN_MODULES = ("grpo.rewards.answers", "grpo.rewards.formatting", "grpo.rewards.code_exec", "grpo.rewards.reward_model")
+_BUILTIN_MODULES = (
+    "grpo.rewards.answers",
+    "grpo.rewards.formatting",
+    "grpo.rewards.code_exec",
+    "grpo.rewards.reward_model",
+)
 
 
 class RewardFunctionError(RuntimeError):

@@ -120,7 +120,9 @@ def code_tests(
     sandbox failure or a row without tests. `timeout` and `memory_mb` are per program."""
     workers = max_workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grpo-code") as pool:
-        futs = [pool.submit(_run_one, c, t, timeout, memory_mb, partial) for c, t in zip(completions, tests)]
+        futs = [
+            pool.submit(_run_one, c, t, timeout, memory_mb, partial) for c, t in zip(completions, tests, strict=True)
+        ]
         return [f.result() for f in futs]
 
 

@@ -73,7 +73,7 @@ class RewardModel:
         return prompt_text(prompt) + completion_text(completion), False
 
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
-        items = [self._text(p, c) for p, c in zip(prompts, completions)]
+        items = [self._text(p, c) for p, c in zip(prompts, completions, strict=True)]
         scores: list[float] = []
         with self._lock, torch.inference_mode():
             for i in range(0, len(items), self.batch_size):

@@ -95,11 +95,17 @@ class _Batch:
         return len(self.completions)
 
     def one(self, i: int) -> _Batch:
-        return _Batch(self.prompts[i : i + 1], self.completions[i : i + 1], {k: v[i : i + 1] for k, v in self.columns.items()})
+        return _Batch(
+            self.prompts[i : i + 1], self.completions[i : i + 1], {k: v[i : i + 1] for k, v in self.columns.items()}
+        )
 
 
 def _call(fn: Callable[..., Any], batch: _Batch) -> Any:
-    out = fn(prompts=list(batch.prompts), completions=list(batch.completions), **{k: list(v) for k, v in batch.columns.items()})
+    out = fn(
+        prompts=list(batch.prompts),
+        completions=list(batch.completions),
+        **{k: list(v) for k, v in batch.columns.items()},
+    )
     if inspect.isawaitable(out):
 
         async def wait() -> Any:
@@ -114,7 +120,9 @@ def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | Non
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise _Invalid(f"reward function {name!r} returned {type(out).__name__}, expected a list of {n} numbers or None")
+        raise _Invalid(
+            f"reward function {name!r} returned {type(out).__name__}, expected a list of {n} numbers or None"
+        )
     if len(out) != n:
         raise _Invalid(f"reward function {name!r} returned {len(out)} values for {n} completions")
     values: list[float | None] = []
@@ -129,7 +137,8 @@ def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | Non
         x = float(v)
         if not math.isfinite(x):
             raise _Invalid(
-                f"reward function {name!r} returned {x} at index {offset + j} (NaN/inf are errors; return None for no signal)"
+                f"reward function {name!r} returned {x} at index {offset + j} "
+                "(NaN/inf are errors; return None for no signal)"
             )
         values.append(x)
     return values
@@ -206,12 +215,14 @@ class RewardRunner:
 
     # ------------------------------------------------------------------------------------------------ calling
 
-    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]] | None = None) -> RewardResult:
+    def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]] | None = None
+    ) -> RewardResult:
         if self._closed:
             raise RuntimeError("RewardRunner is closed")
         batch = self._batch(prompts, completions, columns or {})
         futures = [self._pool.submit(self._evaluate, spec, batch) for spec in self.specs]
-        outcomes = {spec.name: fut.result() for spec, fut in zip(self.specs, futures)}
+        outcomes = {spec.name: fut.result() for spec, fut in zip(self.specs, futures, strict=True)}
         for spec in self.specs:
             if outcomes[spec.name].invalid:
                 raise ValueError(outcomes[spec.name].invalid)
@@ -253,8 +264,12 @@ class RewardRunner:
                     out.last_tb = payload if kind == "raised" else None
         out.seconds = time.monotonic() - t0
         if spec.in_process and out.seconds > self._timeout(spec):
-            self._note(spec.name, "slow", f"in-process call took {out.seconds:.1f} s > timeout {self._timeout(spec):g} s "
-                       "(in-process functions cannot be killed)")
+            self._note(
+                spec.name,
+                "slow",
+                f"in-process call took {out.seconds:.1f} s > timeout {self._timeout(spec):g} s "
+                "(in-process functions cannot be killed)",
+            )
         return out
 
     def _timeout(self, spec: RewardSpec) -> float:
@@ -313,7 +328,7 @@ class RewardRunner:
 
     @staticmethod
     def _fill(out: _Outcome, indices: Sequence[int], values: list[float | None]) -> None:
-        for i, v in zip(indices, values):
+        for i, v in zip(indices, values, strict=True):
             out.values[i] = v
             out.status[i] = "none" if v is None else "ok"
 
@@ -335,7 +350,8 @@ class RewardRunner:
     def _result(self, n: int, outcomes: dict[str, _Outcome]) -> RewardResult:
         nan = float("nan")
         per_function = {
-            name: torch.tensor([nan if v is None else v for v in o.values], dtype=torch.float32) for name, o in outcomes.items()
+            name: torch.tensor([nan if v is None else v for v in o.values], dtype=torch.float32)
+            for name, o in outcomes.items()
         }
         total = torch.zeros(n, dtype=torch.float32)
         missing = torch.zeros(n, dtype=torch.bool)

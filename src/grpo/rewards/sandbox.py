@@ -7,17 +7,18 @@
 `status` is one of
   passed         the program exited 0
   failed         it exited with a non-zero code (an uncaught exception, a failed assert, MemoryError, ...)
-  timeout        it was still running at `timeout` seconds of wall-clock time and was killed (with everything it started)
-  error          it was killed by a signal (a resource limit, a crash) or printed more than OUTPUT_LIMIT bytes to a stream
+  timeout        still running at `timeout` seconds of wall-clock time: killed, with everything it started
+  error          killed by a signal (a resource limit, a crash), or more than OUTPUT_LIMIT bytes on one stream
   sandbox_error  the sandbox itself could not start the program: not the program's fault (code rewards score it None)
 `stdout` and `stderr` keep the first OUTPUT_CAP bytes of each stream (decoded as UTF-8, bad bytes replaced).
 
 Every call gets a new process group (session) that is SIGKILLed as a whole at the wall-clock limit; rlimits set in
 the sandboxed interpreter before the program's first line (RLIMIT_AS = memory_mb, RLIMIT_CPU = timeout + 1 s,
 RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE, no core files); a private temporary working directory (deleted
-afterwards); an environment with nothing but PATH, HOME, LANG; the interpreter in isolated mode (`python -I`: no
-PYTHON* variables, no user site, no script directory on sys.path); output caps. The limits are applied by the
-interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer is one).
+afterwards); an environment with nothing but PATH, HOME, LANG, MALLOC_ARENA_MAX; the interpreter in isolated mode
+(`python -I`: no PYTHON* variables, no user site, no script directory on sys.path); output caps. The limits are
+applied by the interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer
+is one).
 
 Backends (the first that works on this machine is used; force one with `backend=` or GRPO_SANDBOX_BACKEND):
 
@@ -121,6 +122,7 @@ def run_python(
     memory_mb: int = 1024,
     stdin: str | bytes | None = None,
     backend: str | None = None,
+    max_processes: int = MAX_PROCESSES,
 ) -> SandboxResult:
     """Run `code` as a Python program in a fresh sandbox and return its SandboxResult.
 
@@ -128,6 +130,7 @@ def run_python(
     memory_mb: address-space limit of each process (RLIMIT_AS); allocations beyond it raise MemoryError.
     stdin: data for the program's standard input (empty by default).
     backend: "bwrap" | "unshare" | "rlimit" | None (None: GRPO_SANDBOX_BACKEND, else the first that works here).
+    max_processes: RLIMIT_NPROC, processes plus threads (a program starting more threads gets an error).
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0, got {timeout!r}")
@@ -139,8 +142,12 @@ def run_python(
     if backend is not None or os.environ.get("GRPO_SANDBOX_BACKEND"):
         reason = _probe(name)
         if reason:
-            return SandboxResult("sandbox_error", "", f"sandbox backend {name!r} does not work here: {reason}", 0.0, None, name)
-    return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name)
+            return SandboxResult(
+                "sandbox_error", "", f"sandbox backend {name!r} does not work here: {reason}", 0.0, None, name
+            )
+    if max_processes < 1:
+        raise ValueError(f"max_processes must be >= 1, got {max_processes!r}")
+    return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name, max_processes=max_processes)
 
 
 def available_backends() -> list[str]:
@@ -205,7 +212,11 @@ def _python_roots() -> list[str]:
 
 def _bwrap_args(workdir: str) -> list[str]:
     root = os.geteuid() == 0
-    ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if root else ["--unshare-all"]
+    ns = (
+        ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        if root
+        else ["--unshare-all"]
+    )
     args = ["bwrap", *ns, "--die-with-parent", "--new-session", "--clearenv"]
     for k, v in _env("/work", None).items():
         args += ["--setenv", k, v]
@@ -215,6 +226,7 @@ def _bwrap_args(workdir: str) -> list[str]:
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
+    args += ["--perms", "0755", "--dir", "/etc"]  # (bwrap would create it 0700: the loader could not read its cache)
     for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
         args += ["--ro-bind-try", f, f]
     args += ["--proc", "/proc", "--dev", "/dev"]
@@ -234,7 +246,9 @@ def _bwrap_args(workdir: str) -> list[str]:
 
 
 def _env(home: str, token: str | None) -> dict[str, str]:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "GRPO_SANDBOX": "1"}
+    # MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per thread arena, which RLIMIT_AS would count.
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
+    env["GRPO_SANDBOX"] = "1"
     if token:
         env["GRPO_SANDBOX_TOKEN"] = token
     return env
@@ -278,8 +292,16 @@ def _drop_uid(uid: int, *, inside_bwrap: bool) -> list[str]:
         return [setpriv, *ids, *_SETPRIV_DROP, "--bounding-set=-all", "--"]
     if _have_cap(_CAP_DAC_READ_SEARCH):
         keep = "+dac_read_search"
-        return [setpriv, *ids, "--clear-groups", "--no-new-privs", f"--inh-caps=-all,{keep}", f"--ambient-caps={keep}",
-                "--bounding-set=-all,+dac_read_search", "--"]
+        return [
+            setpriv,
+            *ids,
+            "--clear-groups",
+            "--no-new-privs",
+            f"--inh-caps=-all,{keep}",
+            f"--ambient-caps={keep}",
+            "--bounding-set=-all,+dac_read_search",
+            "--",
+        ]
     _warn_once("noread", "the Python installation is not readable by other users: sandboxed code runs as root")
     return []
 
@@ -309,13 +331,21 @@ def _command(backend: str, workdir: str, boot: str, uid: int) -> list[str]:
 # ------------------------------------------------------------------------------------------------------ running
 
 
-def _run(code: str, *, timeout: float, memory_mb: int, stdin: str | bytes | None, backend: str) -> SandboxResult:
+def _run(
+    code: str,
+    *,
+    timeout: float,
+    memory_mb: int,
+    stdin: str | bytes | None,
+    backend: str,
+    max_processes: int = MAX_PROCESSES,
+) -> SandboxResult:
     token = secrets.token_hex(8)
     uid = _UID_BASE + secrets.randbelow(1 << 24)
     limits = [
         ("RLIMIT_AS", memory_mb * 1024 * 1024),
         ("RLIMIT_CPU", int(math.ceil(timeout)) + 1),
-        ("RLIMIT_NPROC", MAX_PROCESSES),
+        ("RLIMIT_NPROC", max_processes),
         ("RLIMIT_NOFILE", MAX_OPEN_FILES),
         ("RLIMIT_FSIZE", MAX_FILE_BYTES),
         ("RLIMIT_CORE", 0),
@@ -337,11 +367,19 @@ def _run(code: str, *, timeout: float, memory_mb: int, stdin: str | bytes | None
         with open(os.path.join(workdir, "stdin"), "rb") as fin:
             try:
                 proc = subprocess.Popen(
-                    cmd, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                    env=_env(workdir, token), start_new_session=True, close_fds=True,
+                    cmd,
+                    stdin=fin,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=workdir,
+                    env=_env(workdir, token),
+                    start_new_session=True,
+                    close_fds=True,
                 )
             except OSError as e:
-                return SandboxResult("sandbox_error", "", f"could not start the sandbox: {e}", time.monotonic() - t0, None, backend)
+                return SandboxResult(
+                    "sandbox_error", "", f"could not start the sandbox: {e}", time.monotonic() - t0, None, backend
+                )
         deadline = t0 + timeout
         out, err, timed_out, overflow = _communicate(proc, deadline)
         if not (timed_out or overflow):
@@ -367,7 +405,9 @@ class _Stream:
 
 
 def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Stream, bool, bool]:
-    """Read both pipes until EOF, the deadline, or an overflow; keep the head of each. -> (out, err, timed_out, overflow)"""
+    """Read both pipes until EOF, the deadline or an overflow, keeping the head of each.
+
+    -> (out, err, timed_out, overflow)"""
     streams = {proc.stdout.fileno(): _Stream(), proc.stderr.fileno(): _Stream()}
     sel = selectors.DefaultSelector()
     for fd in streams:
@@ -452,9 +492,11 @@ def _sweep(token: str) -> None:
             continue
 
 
-def _result(rc: int | None, out: _Stream, err: _Stream, timed_out: bool, overflow: bool, wall: float, backend: str) -> SandboxResult:
+def _result(
+    rc: int | None, out: _Stream, err: _Stream, timed_out: bool, overflow: bool, wall: float, backend: str
+) -> SandboxResult:
     started = err.head.startswith(_STARTED)
-    err_head = err.head[len(_STARTED):] if started else err.head
+    err_head = err.head[len(_STARTED) :] if started else err.head
     err_total = err.total - (len(_STARTED) if started else 0)
     stderr = bytes(err_head[:OUTPUT_CAP]).decode("utf-8", "replace")
     stdout = bytes(out.head[:OUTPUT_CAP]).decode("utf-8", "replace")
