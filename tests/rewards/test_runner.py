@@ -244,3 +244,13 @@ def test_close_stops_the_runner(no_leak):
     runner.close()
     with pytest.raises(RuntimeError, match="closed"):
         runner(PROMPTS, COMPLETIONS, {})
+
+
+def test_fork_failure_is_a_failure_not_a_crash_of_the_runner(runner_factory, monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    res = runner_factory([("f", reward_len, 1.0)], max_failure_frac=1.0)(PROMPTS, COMPLETIONS, {})
+    assert res.missing.all() and res.status["f"] == ["error"] * 6
+    assert "fork failed" in res.tracebacks["f"]

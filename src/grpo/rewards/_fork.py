@@ -20,9 +20,12 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import psutil
 
 _HEADER = struct.Struct("<Q")
 _PR_SET_PDEATHSIG = 1
@@ -36,6 +39,13 @@ except OSError:  # pragma: no cover
     _libc = None
 
 FORK_AVAILABLE = hasattr(os, "fork") and sys.platform.startswith("linux")
+
+# Python >= 3.12 warns on every fork of a multi-threaded process (a lock held by another thread stays held in the
+# child). That risk is accepted knowingly here: the child runs only the reward function, and a child that deadlocks
+# is killed at the timeout like any other hang.
+warnings.filterwarnings(
+    "ignore", message=r".*multi-threaded, use of fork\(\) may lead to deadlocks", category=DeprecationWarning
+)
 
 
 @dataclass
@@ -129,7 +139,12 @@ def run_forked(
             pass
     r, w = os.pipe()
     parent = os.getpid()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as e:  # out of processes or memory: no result, like a crash
+        os.close(r)
+        os.close(w)
+        return ForkOutcome(exit_detail=f"fork failed: {e}")
     if pid == 0:  # pragma: no cover - runs in the child
         os.close(r)
         _child_main(body, w, parent)
@@ -148,7 +163,7 @@ def run_forked(
         os.close(r)
         if not out.timed_out:  # EOF: the child is exiting; give it a moment to finish cleanly
             end = time.monotonic() + _EXIT_GRACE_S
-            while not _exited(pid) and time.monotonic() < end:
+            while not exited(pid) and time.monotonic() < end:
                 time.sleep(0.002)
         _killpg(pid)  # the child is not reaped yet, so its group id cannot have been reused
         _, status = os.waitpid(pid, 0)
@@ -177,10 +192,16 @@ def _read_until_eof(fd: int, buf: bytearray, deadline: float) -> bool:
         buf += chunk
 
 
-def _exited(pid: int) -> bool:
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
+def exited(pid: int) -> bool:
+    """True once child `pid` has exited; does not reap it (so its pid and process group id cannot be reused yet)."""
+    if hasattr(os, "waitid"):
+        try:
+            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+    try:  # no waitid (macOS): a zombie has exited
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return True
 
 

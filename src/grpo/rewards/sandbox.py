@@ -70,6 +70,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from grpo.rewards._fork import exited as _exited
+
 __all__ = ["SandboxResult", "run_python", "available_backends", "default_backend", "BACKENDS", "STATUSES"]
 
 logger = logging.getLogger("grpo.rewards")
@@ -438,14 +440,6 @@ def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Str
     finally:
         sel.close()
     return *streams.values(), False, False
-
-
-def _exited(pid: int) -> bool:
-    """True once `pid` has exited; does not reap it (so its pid, and its process group id, cannot be reused yet)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
 
 
 def _wait_exit(pid: int, deadline: float) -> bool:
