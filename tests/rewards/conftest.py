@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
@@ -56,7 +55,3 @@ def no_leak():
     yield markers
     left = leftovers(before, markers[0] if markers else None)
     assert not left, f"processes left behind: {left}"
-
-
-def pytest_configure(config):
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
