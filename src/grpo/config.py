@@ -44,7 +44,7 @@ class DataConfig(_Section):
 class RolloutConfig(_Section):
     group_size: int = Field(8, ge=2, description="G: completions sampled per prompt")
     prompts_per_step: int = Field(16, ge=1, description="P: prompts per training step (N = P*G completions)")
-    max_new_tokens: int = Field(24, ge=1)
+    max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
 
@@ -111,7 +111,7 @@ class EvalConfig(_Section):
 class WarmupConfig(_Section):
     """Supervised warm-up that builds the built-in model (before RL; its data is the train split only)."""
 
-    steps: int = Field(500, ge=0)
+    steps: int = Field(1000, ge=0)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0.0)
 

@@ -30,11 +30,21 @@ LEVELS: dict[str, list[tuple[str, tuple[int, int], tuple[int, int], float]]] = {
 }
 
 _INT = re.compile(r"-?\d+")
-_FORMAT = re.compile(r"^\d+ [+\-×] \d+ = -?\d+$")
+_FORMAT = re.compile(r"^\d+ [+\-×] \d+ = (-?\d+ [+-] \d+ = )?-?\d+$")
 
 
 def _bucket(a: int, op: str, b: int) -> int:
     return hashlib.sha1(f"{a}{op}{b}".encode()).digest()[0] % 10
+
+
+def worked_solution(a: int, op: str, b: int) -> str:
+    """'47 + 38 = 70 + 15 = 85': tens and units combined separately, then summed (× keeps one step)."""
+    if op == "×":
+        return f"{a} × {b} = {a * b}"
+    ta, ua, tb, ub = a - a % 10, a % 10, b - b % 10, b % 10
+    tens, units = (ta + tb, ua + ub) if op == "+" else (ta - tb, ua - ub)
+    sign = "+" if units >= 0 else "-"
+    return f"{a} {op} {b} = {tens} {sign} {abs(units)} = {OPS[op](a, b)}"
 
 
 def last_integer(text: str) -> int | None:
@@ -65,11 +75,12 @@ def _text(completion) -> str:
 class ArithmeticTask:
     name = "arithmetic"
 
-    def __init__(self, difficulty: str = "default", seed: int = 1234):
+    def __init__(self, difficulty: str = "default", seed: int = 1234, worked_frac: float = 0.35):
         if difficulty not in LEVELS:
             raise ValueError(f"data.difficulty for arithmetic must be one of {sorted(LEVELS)}, got {difficulty!r}")
         self.difficulty = difficulty
         self.seed = seed
+        self.worked_frac = worked_frac
         self._cache: dict[str, list[Prompt]] = {}
         self._cached_n: dict[str, int] = {}
 
@@ -131,9 +142,14 @@ class ArithmeticTask:
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
         return last_integer(completion) == int(prompt.answer)
 
-    def demonstration(self, prompt: Prompt) -> str:
+    def demonstration(self, prompt: Prompt, rng: random.Random | None = None) -> str:
+        """A correct completion in one of two styles, drawn with probability `worked_frac` for the first:
+        worked  "47 + 38 = 70 + 15 = 85"   (tens and units first: the seed's well-formatted answer)
+        direct  "Let me think... 85"        (the seed's "correct but poorly formatted" answer)"""
         m = prompt.meta
-        return f"{m['a']} {m['op']} {m['b']} = {prompt.answer}"
+        if (rng or random).random() < self.worked_frac:
+            return worked_solution(m["a"], m["op"], m["b"])
+        return f"Let me think... {prompt.answer}"
 
 
 register_task("arithmetic")(ArithmeticTask)

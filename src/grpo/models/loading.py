@@ -28,7 +28,7 @@ def builtin_spec(cfg) -> dict:
     from grpo.models.builtin import TINY
 
     return {
-        "version": 1,
+        "version": 2,
         "size": TINY,
         "task": cfg.data.task,
         "difficulty": cfg.data.difficulty,

@@ -16,12 +16,12 @@ from grpo.models.forward import position_ids_from_mask
 log = logging.getLogger("grpo.warmup")
 
 
-def demonstration_batch(tokenizer, task, prompts):
+def demonstration_batch(tokenizer, task, prompts, rng=None):
     """Left-padded (B, S) ids/mask of prompt + demonstration + EOS, and labels (-100 except completion tokens)."""
     rows = []
     for p in prompts:
         prompt = tokenizer(p.text, add_special_tokens=False)["input_ids"]
-        completion = tokenizer(task.demonstration(p), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        completion = tokenizer(task.demonstration(p, rng), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + completion, [-100] * len(prompt) + completion))
     S = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), S), tokenizer.pad_token_id, dtype=torch.long)
@@ -45,7 +45,7 @@ def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, s
     model.train()
     losses = []
     for _ in range(steps):
-        ids, mask, labels = demonstration_batch(tokenizer, task, rng.sample(prompts, batch_size))
+        ids, mask, labels = demonstration_batch(tokenizer, task, rng.sample(prompts, batch_size), rng)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
