@@ -39,6 +39,13 @@ class DataConfig(_Section):
     train_size: int = Field(20000, ge=1)
     test_size: int = Field(500, ge=1)
     max_prompt_tokens: int = Field(256, ge=1)
+    prompt_column: str = Field("prompt", description="data.path column with the prompt: text or a list of messages")
+    answer_column: str | None = Field("answer", description="column passed to rewards as `answer`; None = none")
+    test_path: str | None = Field(None, description="held-out file; None = a hash split of data.path's rows")
+    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="share of rows held out when no test_path")
+    subset: str | None = Field(None, description="Hub data sets: the configuration name")
+    split: str = Field("train", description="Hub data sets or saved DatasetDicts: the split to train on")
+    test_split: str | None = Field(None, description="Hub data sets: a held-out split (instead of the hash split)")
 
 
 class RolloutConfig(_Section):

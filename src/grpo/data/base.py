@@ -43,6 +43,15 @@ def register_task(name: str):
     return add
 
 
+def task_from_config(cfg, reward_functions=None) -> Task:
+    """The configured task: the data set at data.path (see grpo.data.files) when set, else the built-in data.task."""
+    if cfg.data.path is not None:
+        from grpo.data.files import FileTask
+
+        return FileTask.from_config(cfg, reward_functions=reward_functions)
+    return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+
+
 def get_task(name: str, **kwargs) -> Task:
     import grpo.data.arithmetic  # noqa: F401  (registers the built-in tasks)
 

@@ -48,7 +48,12 @@ def model_directory(cfg, task=None, console=None) -> Path:
 
             if console is not None:
                 console.print(f"[grpo] building the built-in model (supervised warm-up, {cfg.warmup.steps} steps) ...")
-            build_warm_model(cfg, task, path)
+            warm_task = task
+            if not getattr(task, "has_demonstrations", True):  # a data set file: warm up on the built-in task
+                from grpo.data import get_task
+
+                warm_task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+            build_warm_model(cfg, warm_task, path)
 
         return cached_model_dir(builtin_spec(cfg), build)
     if name.startswith("builtin:"):

@@ -19,7 +19,7 @@ import torch
 
 from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zero_std_groups
 from grpo.config import Config, ConfigError
-from grpo.data import get_task
+from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.models.loading import frozen_copy, load_policy
 from grpo.rollout import Sampler
@@ -50,7 +50,7 @@ class Trainer:
         self.cfg = cfg
         set_seed(cfg.train.seed)
         self.console = console
-        self.task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+        self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
         self.run_dir = Path(run_dir or cfg.train.output_dir or default_run_dir(cfg))
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)

@@ -1,0 +1,276 @@
+"""Data set files as a Task: a local JSONL, Parquet or CSV file (read through `datasets`), a directory saved
+with `Dataset.save_to_disk`, or a `datasets` Hub name where the machine has a network.
+
+    grpo train model.name=./my-model data.path=train.jsonl reward.functions=[exact_answer]
+
+Columns (mapped with data.prompt_column / data.answer_column):
+    prompt   text, used as is; or a list of {"role", "content"} messages (a conversation), rendered with the
+             model's chat template (`add_generation_prompt=True`), so `Prompt.text` is exactly what the model sees
+    answer   the reference answer, given to the rewards as `answer` (and under its own name when the column is
+             called something else, for TRL-style reward functions that expect, say, `solution`); null = none
+    others   `Prompt.meta`, given to the rewards as keyword arguments (TRL convention)
+
+Held-out rows: `data.test_path` (another file), `data.test_split` (a Hub split), or a hash split: a row is held
+out when the SHA-1 of its prompt falls in the first `data.test_fraction` of the hash range. Identical prompts
+hash alike, so the two splits never share a prompt, and the split does not depend on row order or machine. With
+a test file, train rows whose prompt is also in the test file are dropped (logged).
+
+Validated at load, before any model is loaded (RELIABILITY.md section 9): a missing column is a ValueError naming
+the column, the file and the columns it has; an empty prompt or answer, or a malformed conversation, is a
+ValueError naming the row index (0-based) and the file. With `data.filter_long_prompts=true` empty prompts are
+kept as "" for `grpo.data.validate` to drop and count. Rewards are required (`reward.functions`): a file has no
+default reward. Held-out accuracy is "the first reward function gives its maximum" (`fn.max_reward`, default 1.0,
+which every built-in reward gives a correct answer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grpo.types import Prompt
+
+log = logging.getLogger("grpo.data")
+
+__all__ = ["FileTask", "hash_fraction", "read_table"]
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
+
+
+def read_table(path: str, *, subset: str | None = None, split: str = "train"):
+    """(datasets.Dataset, source name) for a local file, a saved data set directory, or a Hub name."""
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - depends on the optional extra
+        raise ImportError("data.path needs the `datasets` package: pip install 'grpo[data]'") from e
+    p = Path(path).expanduser()
+    if p.is_file():
+        builder = BUILDERS.get(p.suffix.lower())
+        if builder is None:
+            raise ValueError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
+        kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
+        try:
+            with _quiet(datasets):
+                ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
+        except Exception as e:
+            raise ValueError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
+        return ds, p.name
+    if p.is_dir():
+        try:
+            ds = datasets.load_from_disk(str(p))
+        except Exception as e:
+            raise ValueError(f"data.path={path!r} is a directory but not a data set saved with save_to_disk: {e}") \
+                from e
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"data.path={path!r} has splits {sorted(ds)}; data.split={split!r} is not one")
+            ds = ds[split]
+        return ds, p.name
+    if p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"data.path={path!r} does not exist")
+    try:  # a Hub name; offline this fails quickly with a connection error
+        with _quiet(datasets):
+            ds = datasets.load_dataset(path, subset, split=split)
+    except Exception as e:
+        raise ValueError(f"data.path={path!r} is not a local file, and loading it as a `datasets` Hub data set "
+                         f"(subset {subset!r}, split {split!r}) failed (no network?): {type(e).__name__}: {e}") from e
+    return ds, path
+
+
+class _quiet:
+    """Silence the `datasets` progress bars while reading a file."""
+
+    def __init__(self, datasets):
+        self.utils = datasets.utils.logging
+
+    def __enter__(self):
+        self.was = self.utils.is_progress_bar_enabled()
+        self.utils.disable_progress_bar()
+
+    def __exit__(self, *exc):
+        if self.was:
+            self.utils.enable_progress_bar()
+
+
+def hash_fraction(value: Any) -> float:
+    """A stable number in [0, 1) for a prompt value (text or messages): its SHA-1, scaled."""
+    key = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big") / 2**64
+
+
+class FileTask:
+    """Prompts, answers and extra columns of a data set file; see the module docstring."""
+
+    name = "file"
+    has_demonstrations = False  # the built-in model's warm-up uses the built-in task instead
+
+    def __init__(self, path: str, *, reward_functions, prompt_column: str = "prompt",
+                 answer_column: str | None = "answer", test_path: str | None = None, test_fraction: float = 0.1,
+                 subset: str | None = None, split: str = "train", test_split: str | None = None,
+                 tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False):
+        self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
+        self.keep_empty = keep_empty
+        self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
+        self._judge = _first_reward(reward_functions)
+        train, source = read_table(path, subset=subset, split=split)
+        self._rows = {"train": self._read(train, source)}
+        if test_path is not None:
+            test, test_source = read_table(test_path, subset=subset, split=split)
+            self._rows["test"] = self._read(test, test_source)
+            self._drop_overlap()
+        elif test_split is not None:
+            test, test_source = read_table(path, subset=subset, split=test_split)
+            self._rows["test"] = self._read(test, f"{test_source}[{test_split}]")
+            self._drop_overlap()
+        else:
+            rows = self._rows["train"]
+            held = [hash_fraction(r[1]) < test_fraction for r in rows]
+            self._rows = {"train": [r for r, h in zip(rows, held) if not h],
+                          "test": [r for r, h in zip(rows, held) if h]}
+        for split_name, rows in self._rows.items():
+            if not rows:
+                raise ValueError(f"data.path={path!r}: the {split_name} split has no rows"
+                                 + ("" if test_path or test_split else
+                                    f" (data.test_fraction={test_fraction} of {len(train)} rows); raise "
+                                    "data.test_fraction or give data.test_path"))
+        self._cache: dict[str, list[Prompt]] = {}
+
+    @classmethod
+    def from_config(cls, cfg, reward_functions=None) -> FileTask:
+        """The task of `data.path`; the tokenizer (for chat templates) is that of `model.name`, loaded if needed."""
+        d = cfg.data
+        rewards = reward_functions if reward_functions is not None else cfg.reward.functions
+        if not rewards:
+            raise ValueError(f"data.path={d.path!r} needs reward.functions: a data set file has no default reward "
+                             "(e.g. reward.functions=[exact_answer])")
+        return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
+                   test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
+                   test_split=d.test_split, tokenizer_loader=lambda: _model_tokenizer(cfg),
+                   keep_empty=getattr(d, "filter_long_prompts", False))
+
+    # ------------------------------------------------------------------ reading and validation
+    def _read(self, ds, source: str) -> list[tuple[str, Any, Any, dict]]:
+        """[(uid, prompt value, answer, meta)] of every row, validated."""
+        columns = list(ds.column_names)
+        wanted = [self.prompt_column] + ([self.answer_column] if self.answer_column else [])
+        for col, key in zip(wanted, ("data.prompt_column", "data.answer_column")):
+            if col not in columns:
+                raise ValueError(f"{source}: no column {col!r} ({key}); its columns are {columns}")
+        others = [c for c in columns if c not in wanted]
+        for c in others:
+            if c in RESERVED or c == "answer":
+                raise ValueError(f"{source}: column {c!r} would clash with the reward functions' `{c}` argument; "
+                                 "rename it" + (" or map it with data.answer_column=answer" if c == "answer" else ""))
+        extra = others + ([self.answer_column] if self.answer_column not in (None, "answer") else [])
+        out = []
+        for i, row in enumerate(ds):
+            where = f"{source} row {i}"
+            prompt = _prompt_value(row[self.prompt_column], where, self.prompt_column, self.keep_empty)
+            answer = None
+            if self.answer_column:
+                answer = row[self.answer_column]
+                if answer is None or (isinstance(answer, str) and not answer.strip()):
+                    raise ValueError(f"{where}: column {self.answer_column!r} (the answer) is empty; fix the row, "
+                                     "or set data.answer_column=null if the rewards need no answer")
+                answer = str(answer) if isinstance(answer, (int, float)) else answer
+            out.append((f"{source}:{i}", prompt, answer, {c: row[c] for c in extra}))
+        return out
+
+    def _drop_overlap(self) -> None:
+        held = {json.dumps(r[1], sort_keys=True, ensure_ascii=False) for r in self._rows["test"]}
+        train = self._rows["train"]
+        kept = [r for r in train if json.dumps(r[1], sort_keys=True, ensure_ascii=False) not in held]
+        if len(kept) < len(train):
+            log.warning("%s: dropped %d train rows whose prompt is also a held-out prompt", self.path,
+                        len(train) - len(kept))
+        self._rows["train"] = kept
+
+    # ------------------------------------------------------------------ the Task protocol
+    def split(self, name: str, n: int) -> list[Prompt]:
+        """The first n rows of split `name` ('train' or 'test') in file order (fewer when the file is smaller)."""
+        if name not in self._rows:
+            raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+        done = self._cache.setdefault(name, [])
+        for uid, prompt, answer, meta in self._rows[name][len(done):n]:
+            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta))
+        return done[:n]
+
+    def render(self, prompt, uid: str = "") -> str:
+        """Text as is; a conversation through the tokenizer's chat template, ending with the assistant's turn."""
+        if isinstance(prompt, str):
+            return prompt
+        tok = self.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
+                             "model.name has no chat_template; give plain-text prompts or a model with a template")
+        return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None and self._tokenizer_loader is not None:
+            self._tokenizer = self._tokenizer_loader()
+        return self._tokenizer
+
+    def reward_functions(self):
+        raise ValueError("a data set file has no default rewards; set reward.functions")
+
+    def is_correct(self, prompt: Prompt, completion: str) -> bool:
+        _name, fn, max_reward = self._judge
+        columns = {k: [v] for k, v in prompt.meta.items()}
+        value = fn([prompt.text], [completion], answer=[prompt.answer], **columns)[0]
+        return value is not None and float(value) >= max_reward - 1e-9
+
+    def demonstration(self, prompt: Prompt, rng=None) -> str:
+        raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
+                                  "uses them)")
+
+
+def _prompt_value(value, where: str, column: str, keep_empty: bool):
+    """The prompt column's value checked: non-empty text, or a non-empty list of {role, content} messages."""
+    if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+        if keep_empty:
+            return ""
+        raise ValueError(f"{where}: column {column!r} (the prompt) is empty; fix the row or set "
+                         "data.filter_long_prompts=true to drop such rows")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for j, m in enumerate(value):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
+                                 f"mapping: {m!r}")
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise ValueError(f"{where}: column {column!r} must be text or a list of {{'role', 'content'}} messages, got "
+                     f"{type(value).__name__}")
+
+
+def _first_reward(reward_functions) -> tuple[str, Callable, float]:
+    """(name, fn, max_reward) of the first reward: a registered name, a (name, fn[, weight]) spec or a function."""
+    if not reward_functions:
+        raise ValueError("a data set file needs reward functions (reward.functions)")
+    first = reward_functions[0]
+    if isinstance(first, str):
+        from grpo.rewards import get_reward_function
+
+        name, fn = first, get_reward_function(first)
+    elif isinstance(first, tuple):
+        name, fn = first[0], first[1]
+    else:
+        name, fn = getattr(first, "__name__", "reward"), first
+    return name, fn, float(getattr(fn, "max_reward", 1.0))
+
+
+def _model_tokenizer(cfg):
+    """The tokenizer of model.name, without loading (or, for the built-in model, building) the model."""
+    if cfg.model.name.startswith("builtin:"):
+        from grpo.models.builtin import build_tokenizer
+
+        return build_tokenizer()
+    from grpo.models.loading import load_tokenizer, model_directory
+
+    return load_tokenizer(model_directory(cfg))
