@@ -30,6 +30,11 @@ class ModelConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     gradient_checkpointing: bool = False
+    lora_rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = full fine-tuning")
+    lora_alpha: float | None = Field(None, gt=0.0, description="LoRA alpha; None = 2 * lora_rank")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_target_modules: list[str] | str = Field("all-linear", description="module names, or 'all-linear'")
+    save_merged: bool = Field(False, description="with LoRA: final/ holds merged weights (default: the adapter)")
 
 
 class DataConfig(_Section):

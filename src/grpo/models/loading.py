@@ -91,6 +91,10 @@ def load_policy(cfg, task=None, console=None):
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = True
+    if cfg.model.lora_rank > 0:
+        from grpo.models.lora import apply_lora
+
+        model = apply_lora(model, cfg.model)
     return model, tokenizer
 
 

@@ -174,7 +174,9 @@ def _finish(trainer, con: RunConsole, acc_before: float, state: dict) -> dict:
         _save(trainer, state)
     final = run_dir / "final"
     final.mkdir(exist_ok=True)
-    trainer.policy.save_pretrained(final, safe_serialization=True)
+    from grpo.models.lora import save_final
+
+    save_final(trainer.policy, final, merged=cfg.model.save_merged)  # LoRA: the adapter, or merged weights
     trainer.tokenizer.save_pretrained(final)
     accuracy = state["accuracy"] if state["accuracy"] is not None else trainer.evaluate()["accuracy"]
     summary = {"eval/accuracy_before": acc_before, "eval/accuracy_after": accuracy, "eval/n": len(trainer.eval_prompts),

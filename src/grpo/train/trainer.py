@@ -21,7 +21,8 @@ from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zer
 from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
-from grpo.models.loading import frozen_copy, load_policy
+from grpo.models.loading import load_policy
+from grpo.models.lora import reference_policy
 from grpo.rollout import Sampler
 from grpo.train.optim import build_optimizer
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
@@ -57,7 +58,7 @@ class Trainer:
         self.eval_prompts = self.task.split("test", cfg.eval.n)
         self.policy, self.tokenizer = load_policy(cfg, self.task, console)
         self.device = next(self.policy.parameters()).device
-        self.ref = frozen_copy(self.policy) if cfg.kl.coef > 0 else None  # beta = 0 loads no reference at all
+        self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                max_prompt_tokens=cfg.data.max_prompt_tokens)
@@ -140,7 +141,8 @@ class Trainer:
         if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
             batch.old_logp = batch_logprobs(self.policy, batch, budget, temp)
         if self.ref is not None:
-            batch.ref_logp = batch_logprobs(self.ref, batch, budget, temp)
+            with self.ref.active() as ref_model:
+                batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp)
         return batch
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
