@@ -87,6 +87,7 @@ class AlgoConfig(_Section):
     value_clip: float = Field(0.2, gt=0.0)
     value_coef: float = Field(1.0, gt=0.0)
     value_lr: float = Field(1e-4, gt=0.0)
+    value_model: str | None = Field(None, description="critic init: a checkpoint dir; None = a copy of the policy")
 
 
 class KLConfig(_Section):

@@ -1,0 +1,157 @@
+"""The PPO critic: the one place where PPO differs from GRPO in `Trainer.step()` (ALGORITHMS.md section 1).
+
+    critic = Critic(policy, cfg, total_updates)
+    batch.adv, metrics = critic.advantages(batch, rewards)   # before the policy update
+    metrics |= critic.update(batch)                           # after it: the critic's own optimizer step
+
+Advantages, per completion i and response token t (mask m, last unmasked token t_last):
+
+    r_t  = -beta * KL_t(pi_old || pi_ref)  (+ the scalar reward r_i at t = t_last)     KL folded into the reward
+    A, R = gae(r, V_old, m, gamma, lam)                                                 R = A + V_old
+    A    = masked_whiten(A)   over the unmasked tokens of the whole batch
+
+KL_t is `kl_estimate(old_logp, ref_logp, kind=kl.estimator)` (k1 in the ppo preset: old_logp - ref_logp, as verl).
+A missing reward (NaN) counts as 0 in r, and that completion's advantages are 0 and it is left out of the
+whitening statistics and of the value loss. The value loss is `clipped_value_loss(V, V_old, R)` averaged over the
+tokens (token_mean), times `algo.value_coef`, with gradient clipping and the critic's own AdamW and schedule
+(`algo.value_lr`). The critic's parameters are a copy, never shared with the policy's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo.algo import (
+    aggregate,
+    clipped_value_loss,
+    gae,
+    kl_estimate,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+)
+from grpo.models.value import ValueModel
+from grpo.train.optim import build_optimizer
+
+__all__ = ["Critic", "build_value_model", "token_rewards"]
+
+
+def build_value_model(policy, cfg) -> ValueModel:
+    """The critic network: from `algo.value_model` (a checkpoint directory) if set, else a copy of the policy."""
+    path = getattr(cfg.algo, "value_model", None)
+    device = next(policy.parameters()).device
+    if path:
+        dtype = next(policy.parameters()).dtype
+        return ValueModel.from_pretrained(path, like=policy, dtype=dtype, device=device)
+    return ValueModel.from_policy(policy, seed=cfg.train.seed)
+
+
+def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None, beta: float):
+    """Per-token rewards (N, T): -beta * kl at unmasked tokens, plus the scalar reward at the last unmasked token.
+
+    rewards: (N,), NaN = missing (counts as 0).  mask: (N, T) 0/1 or bool.  kl: (N, T) or None.
+    Returns (token_rewards (N, T), kl_part (N, T)); both 0 at masked positions.
+    """
+    m = mask.bool()
+    kl_part = torch.zeros(m.shape, dtype=torch.float32, device=m.device)
+    if kl is not None and beta > 0:
+        kl_part = (-beta * kl.float()).where(m, 0.0)
+    T = m.shape[1]
+    positions = torch.arange(T, device=m.device).expand_as(m)
+    last = torch.where(m, positions, -1).amax(dim=-1)  # (N,), -1 for an empty completion
+    score = torch.nan_to_num(rewards.float().to(m.device), nan=0.0)
+    has = last >= 0
+    out = kl_part.clone()
+    rows = has.nonzero()[:, 0]
+    out[rows, last[rows]] += score[rows]
+    return out, kl_part
+
+
+class Critic:
+    """The value model, its optimizer and schedule, and the GAE advantages it provides to PPO."""
+
+    def __init__(self, policy, cfg, total_updates: int):
+        self.cfg = cfg
+        self.model = build_value_model(policy, cfg)
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optim, total_updates,
+                                                         lr=cfg.algo.value_lr)
+        self._targets = None  # (batch id, old values, returns, value mask) of the batch advantages() last saw
+
+    @torch.no_grad()
+    def values(self, batch) -> torch.Tensor:
+        """(N, T) values of the batch's completion states, no gradient, 0 at masked positions."""
+        parts = [self._values(batch, p, n) for p, n in batch.group_chunks(self.cfg.optim.micro_batch_tokens)]
+        return torch.cat(parts) * batch.mask
+
+    def _values(self, batch, rows_p: slice, rows_n: slice) -> torch.Tensor:
+        return self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+                                            batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size)
+
+    def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """(N, T) whitened GAE advantages for `batch` and metrics; remembers V_old and the returns for update()."""
+        cfg = self.cfg
+        mask = batch.mask.bool()
+        rewards = rewards.to(batch.mask.device)
+        present = ~torch.isnan(rewards)
+        kl = None
+        if cfg.kl.coef > 0 and batch.ref_logp is not None:
+            if batch.old_logp is None:
+                raise RuntimeError("PPO's KL-in-reward needs batch.old_logp (pi_old) next to batch.ref_logp")
+            kl = kl_estimate(batch.old_logp, batch.ref_logp, kind=cfg.kl.estimator)
+        r, kl_part = token_rewards(rewards, mask, kl, cfg.kl.coef)
+        old_values = self.values(batch).float()
+        adv, returns = gae(r, old_values, mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
+        keep = mask & present[:, None]
+        adv = masked_whiten(adv.float(), keep)
+        self._targets = (id(batch), old_values, returns.float(), keep)
+        resid_var = masked_var(returns - old_values, keep)
+        ret_var = masked_var(returns, keep)
+        n_present = int(present.sum())
+        metrics = {
+            "critic/value_mean": float(masked_mean(old_values, keep)),
+            "critic/return_mean": float(masked_mean(returns, keep)),
+            "critic/explained_var": float(1.0 - resid_var / ret_var) if float(ret_var) > 0 else 0.0,
+            "ppo/kl_reward_mean": float(kl_part.sum(-1)[present].mean()) if n_present else 0.0,
+            "ppo/kl_mean": float(masked_mean(kl, mask)) if kl is not None else 0.0,
+            "ppo/score_mean": float(rewards[present].mean()) if n_present else float("nan"),
+        }
+        return adv.to(batch.mask.dtype), metrics
+
+    def update(self, batch) -> dict[str, float]:
+        """algo.epochs passes of the clipped value loss over micro-batches, each one optimizer step of the critic."""
+        cfg = self.cfg
+        if self._targets is None or self._targets[0] != id(batch):
+            raise RuntimeError("Critic.update(batch) needs Critic.advantages(batch) first (it computes V_old and R)")
+        _, old_values, returns, keep = self._targets
+        num_tokens = keep.sum()
+        out = {"loss/value": 0.0, "critic/grad_norm": 0.0, "critic/clip_frac": 0.0, "critic/skipped_updates": 0.0}
+        if int(num_tokens) == 0:  # every reward missing: nothing to fit
+            return out
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.train()
+        for _ in range(cfg.algo.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum, clipped, finite = 0.0, 0.0, True
+            for rows_p, rows_n in batch.group_chunks(cfg.optim.micro_batch_tokens):
+                m = keep[rows_n]
+                v = self._values(batch, rows_p, rows_n)
+                per_token = clipped_value_loss(v, old_values[rows_n], returns[rows_n], m, clip=cfg.algo.value_clip)
+                loss = cfg.algo.value_coef * aggregate(per_token, m, mode="token_mean", num_tokens=num_tokens)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                loss_sum += float(loss.detach())
+                clipped += float(((v.detach() - old_values[rows_n]).abs() > cfg.algo.value_clip)[m].sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm) if finite else None
+            if not finite or not torch.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+                out["critic/skipped_updates"] += 1
+                continue
+            self.optimizer.step()
+            self.scheduler.step()
+            out["loss/value"] += loss_sum / cfg.algo.epochs
+            out["critic/grad_norm"] += float(grad_norm) / cfg.algo.epochs
+            out["critic/clip_frac"] += clipped / float(num_tokens) / cfg.algo.epochs
+        out["optim/value_lr"] = self.scheduler.get_last_lr()[0]
+        return out
