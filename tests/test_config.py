@@ -1,0 +1,78 @@
+"""Config: presets load, round-trip through YAML, and bad input is rejected naming the field."""
+
+import pytest
+import yaml
+
+from grpo.config import Config, ConfigError, build_config, list_presets, load_config
+
+
+def test_every_preset_loads_and_round_trips(tmp_path):
+    assert {"grpo", "deepseekmath", "dapo", "dr_grpo", "gspo", "ppo"} <= set(list_presets())
+    for name in list_presets():
+        cfg = load_config(name)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(cfg.to_yaml())
+        assert load_config(path) == cfg
+        assert build_config(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_seed_defaults():
+    cfg = load_config()
+    assert cfg.algo.advantage == "grpo" and cfg.algo.std == "population"
+    assert cfg.algo.clip_low == cfg.algo.clip_high == 0.2
+    assert cfg.algo.aggregate == "seq_mean_token_mean" and cfg.algo.epochs == 1
+    assert cfg.kl.coef == 0.0
+
+
+def test_presets_change_what_they_say():
+    assert load_config("deepseekmath").kl.coef == 0.04
+    dapo = load_config("dapo")
+    assert (dapo.algo.clip_high, dapo.algo.aggregate, dapo.algo.drop_zero_std_groups) == (0.28, "token_mean", True)
+    dr = load_config("dr_grpo")
+    assert (dr.algo.advantage, dr.algo.aggregate) == ("dr_grpo", "seq_sum_norm")
+    assert load_config("gspo").algo.ratio_level == "sequence"
+    assert load_config("ppo").algo.advantage == "gae"
+
+
+def test_overrides_parse_values():
+    cfg = load_config("grpo", ["rollout.group_size=16", "optim.lr=3e-5", "algo.std=sample", "reward.functions=[a, b]"])
+    assert cfg.rollout.group_size == 16 and cfg.optim.lr == 3e-5 and cfg.algo.std == "sample"
+    assert cfg.reward.functions == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("algo.std=foo", ["algo.std", "population", "sample"]),
+        ("algo.stdd=1", ["algo.stdd", "unknown key"]),
+        ("nosuchsection.x=1", ["nosuchsection", "unknown key"]),
+        ("rollout.group_size=1", ["rollout.group_size", "greater than or equal to 2"]),
+        ("algo.clip_low=1.5", ["algo.clip_low"]),
+        ("optim.lr=-1", ["optim.lr"]),
+        ("algo.aggregate=mean", ["algo.aggregate", "token_mean"]),
+        ("kl.estimator=k4", ["kl.estimator", "k3"]),
+    ],
+)
+def test_bad_values_name_the_field(override, words):
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo", [override])
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_bad_sources():
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config("no_such_preset")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config("grpo", ["novalue"])
+
+
+def test_yaml_file_with_extends(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("extends: dapo\nrollout:\n  group_size: 4\n")
+    cfg = load_config(path)
+    assert cfg.rollout.group_size == 4 and cfg.algo.clip_high == 0.28
+
+
+def test_default_config_is_valid():
+    assert Config().preset == "grpo"
