@@ -88,3 +88,10 @@ def test_presets_train(preset, tmp_path, monkeypatch):
         assert rows[1]["loss/kl"] > 0.0  # after one update the policy has moved away from pi_ref
     else:
         assert trainer.ref is None  # beta = 0 loads no reference model at all
+
+
+def test_report_is_self_contained(run, capsys):
+    assert main(["report", str(run)]) == 0
+    page = (run / "report.html").read_text()
+    assert "data:image/png;base64," in page and "eval/accuracy_after" in page and "mean(r)" not in page
+    assert "<h2>Sample groups</h2>" in page

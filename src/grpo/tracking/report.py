@@ -1,0 +1,57 @@
+"""`grpo report RUN_DIR`: one self-contained HTML page of a run (summary, curves, config, sample groups)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+from grpo.tracking.metrics import read_jsonl
+
+KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "loss/policy", "policy/clip_frac",
+        "policy/entropy", "policy/kl", "perf/step_s", "eval/accuracy"]
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write run_dir/report.html and return its path. Raises FileNotFoundError naming a missing metrics file."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: not a grpo run directory")
+    from grpo.tracking.plots import plot_run
+
+    plot = plot_run(run_dir)[0]
+    image = base64.b64encode(plot.read_bytes()).decode()
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    samples = read_jsonl(run_dir / "samples.jsonl")[-4:]
+    config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    every = max(1, len(rows) // 30)
+    table = "".join(
+        "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in KEYS) + "</tr>"
+        for r in rows if r["step"] % every == 0 or "eval/accuracy" in r
+    )
+    groups = "".join(
+        f"<h3>step {s['step']}: {html.escape(s['prompt'].strip())} (answer {html.escape(str(s.get('answer')))})</h3>"
+        f"<p>mean {_fmt(s['reward_mean'])}, std {_fmt(s['reward_std'])}</p><table><tr><th>completion</th>"
+        "<th>reward</th><th>advantage</th></tr>"
+        + "".join(f"<tr><td><code>{html.escape(c)}</code></td><td>{_fmt(r)}</td><td>{_fmt(a)}</td></tr>"
+                  for c, r, a in zip(s["completions"], s["rewards"], s["advantages"]))
+        + "</table>"
+        for s in samples
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>grpo run {html.escape(run_dir.name)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}pre{{background:#f5f5f5;padding:1em}}</style></head><body>
+<h1>grpo run {html.escape(run_dir.name)}</h1>
+<table>{''.join(f'<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>' for k, v in summary.items())}</table>
+<img src="data:image/png;base64,{image}" style="max-width:100%">
+<h2>Metrics</h2><table><tr><th>step</th>{''.join(f'<th>{k}</th>' for k in KEYS)}</tr>{table}</table>
+<h2>Sample groups</h2>{groups}<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>"""
+    out = run_dir / "report.html"
+    out.write_text(page)
+    return out
