@@ -51,6 +51,8 @@ class DataConfig(_Section):
     subset: str | None = Field(None, description="Hub data sets: the configuration name")
     split: str = Field("train", description="Hub data sets or saved DatasetDicts: the split to train on")
     test_split: str | None = Field(None, description="Hub data sets: a held-out split (instead of the hash split)")
+    filter_long_prompts: bool = Field(False, description="drop over-long and empty prompts (counted, logged) "
+                                      "instead of failing at start with an error naming the row")
 
 
 class RolloutConfig(_Section):
@@ -113,6 +115,9 @@ class TrainConfig(_Section):
     eval_every: int = Field(20, ge=0)
     output_dir: str | None = Field(None, description="run directory; default runs/<preset>-<time>")
     max_nan_steps: int = Field(3, ge=1, description="abort after this many consecutive non-finite steps")
+    on_save_error: Literal["abort", "continue"] = Field(
+        "abort", description="a failed periodic checkpoint save (e.g. disk full): abort the run, or warn and keep "
+        "training; the final and the preemption save always abort")
 
 
 class EvalConfig(_Section):

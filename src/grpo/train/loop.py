@@ -1,11 +1,27 @@
 """The whole run around `Trainer.step()`: evaluation before/during/after, metrics and samples, health
-warnings, checkpoints (atomic) and resume, preemption (SIGTERM/SIGINT: save, exit 0), NaN guard, final
-model, summary and plots. Everything written here follows DESIGN.md's run-directory contract."""
+warnings, checkpoints (atomic) and resume, preemption, the non-finite guard, final model, summary and plots.
+Everything written here follows DESIGN.md's run-directory contract; docs/reliability.md lists the faults.
+
+- Resume (`--resume`): the newest committed checkpoint of the run directory (partial ones are skipped with a
+  warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite streak and the
+  health monitor, so the run continues bitwise as if never stopped. Changing a setting that changes what a step
+  means (INCOMPATIBLE) is refused with a ConfigError naming the fields; other changes are printed.
+- Preemption: SIGTERM/SIGINT finish the current step, then a committed checkpoint is written, the resume command
+  is printed, and `run_training` returns normally (the CLI exits 0). A second Ctrl-C aborts at once.
+- Non-finite guard: a step whose loss or gradient norm is NaN/inf is skipped by `policy_update`; here it is
+  counted and the batch's prompt uids printed, and `train.max_nan_steps` consecutive ones raise NonFiniteError.
+- A failed checkpoint save (disk full) raises CheckpointError naming the previous, intact checkpoint, or with
+  `train.on_save_error=continue` a failed periodic save is a warning and training goes on.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import shlex
 import time
+from pathlib import Path
 
 import torch
 import yaml
@@ -14,61 +30,94 @@ from grpo.config import ConfigError, build_config
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
-from grpo.train.checkpoint import capture_rng_state, latest_checkpoint, load_checkpoint, restore_rng_state, save_checkpoint
+from grpo.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from grpo.train.preemption import PreemptionGuard
 
 log = logging.getLogger("grpo.train")
 
-# Changing these between a checkpoint and its resume would change what a step means: refuse.
+# Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
+# reference model of the built-in model): refuse. Every other change is allowed and printed.
 INCOMPATIBLE = ["model.name", "rollout.group_size", "rollout.prompts_per_step", "data.task", "data.difficulty",
-                "data.path", "data.train_size", "algo.advantage", "algo.epochs", "train.seed"]
+                "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
+                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr"]
 
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 
-def _get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        d = d.get(part, {}) if isinstance(d, dict) else None
-    return d
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def check_resume_config(saved: dict, current: dict, printer) -> None:
-    bad = [k for k in INCOMPATIBLE if _get(saved, k) != _get(current, k)]
+    """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes."""
+    old, new = _flat(saved), _flat(current)
+    bad = [k for k in INCOMPATIBLE if old.get(k) != new.get(k)]
     if bad:
         raise ConfigError("cannot resume: these settings differ from the checkpoint's run: " + ", ".join(
-            f"{k} ({_get(saved, k)!r} -> {_get(current, k)!r})" for k in bad))
-    changed = [k for sec in current for k in (current[sec] if isinstance(current[sec], dict) else {})
-               if _get(saved, f"{sec}.{k}") != current[sec][k]]
+            f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in bad) + "; start a new run (another --output-dir) "
+            "or resume with the original values")
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
     if changed:
-        printer(f"[grpo] resuming with changed settings: {', '.join(f'{s}' for s in changed)}")
+        printer("[grpo] resuming with changed settings: " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})"
+                                                                         for k in changed), soft_wrap=True)
+    if "train.steps" in changed and new.get("optim.schedule") != "constant":
+        printer(f"[grpo] note: train.steps changed, so the {new.get('optim.schedule')} learning-rate schedule "
+                "is stretched to the new length from here on")
 
 
-def _trainer_state(trainer, extra: dict) -> dict:
-    return {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **extra}
+def resume_command(run_dir: Path) -> str:
+    return (f"grpo train {shlex.quote(str(run_dir / 'config.yaml'))} --output-dir {shlex.quote(str(run_dir))} "
+            "--resume")
 
 
-def _save(trainer, state: dict) -> None:
-    cfg = trainer.cfg
-    optimizers, schedulers, extra_models = {"policy": trainer.optimizer}, {"policy": trainer.scheduler}, None
-    if trainer.critic is not None:
-        optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
-        extra_models = {"value": trainer.critic.model}
-    save_checkpoint(trainer.run_dir, trainer.step_count, model=trainer.policy, tokenizer=trainer.tokenizer,
-                    optimizers=optimizers, schedulers=schedulers, extra_models=extra_models,
-                    trainer_state=_trainer_state(trainer, state), keep_last=cfg.train.keep_checkpoints)
+def _has_committed(run_dir: Path) -> Path | None:
+    found = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMMITTED").is_file())
+    return found[-1] if found else None
+
+
+def _repair_jsonl(path: Path, out) -> None:
+    """Drop lines a kill left half-written (not valid JSON), so the resume can read the file."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    good = []
+    for line in lines:
+        try:
+            json.loads(line)
+            good.append(line)
+        except ValueError:
+            pass
+    if len(good) != len([x for x in lines if x.strip()]):
+        out(f"[grpo] warning: dropped {len(lines) - len(good)} unreadable line(s) of {path} (a write was cut off)")
+        path.write_text("".join(x + "\n" for x in good), encoding="utf-8")
 
 
 def _resume(trainer, out) -> dict:
-    """Restore everything from the newest committed checkpoint; returns the saved extra state."""
-    path = latest_checkpoint(trainer.run_dir)
+    """Restore everything from the newest committed checkpoint; returns the saved extra state ({} if none)."""
+    path = latest_checkpoint(trainer.run_dir)  # logs a warning for each partial or corrupt directory it skips
     if path is None:
         out(f"[grpo] --resume: no committed checkpoint in {trainer.run_dir}/checkpoints; starting from step 0")
         return {}
-    saved_cfg = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
-    check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
     ckpt = load_checkpoint(path)
+    state = ckpt.trainer_state
+    saved_cfg = state.get("config")
+    if saved_cfg is None:  # written by an older version: the run directory's config.yaml
+        saved_cfg = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
+    check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
     ckpt.load_model_into(trainer.policy)
     optimizers, schedulers = {"policy": trainer.optimizer}, {"policy": trainer.scheduler}
     if trainer.critic is not None:
@@ -76,12 +125,19 @@ def _resume(trainer, out) -> dict:
         optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
     ckpt.load_optimizers(optimizers)
     ckpt.load_schedulers(schedulers)
-    restore_rng_state(ckpt.rng_state)
-    state = ckpt.trainer_state
-    trainer.step_count = state["step"]
     trainer.stream.load_state_dict(state["stream"])
-    out(f"[grpo] resumed from {path} (step {trainer.step_count})")
+    trainer.step_count = state["step"]
+    restore_rng_state(ckpt.rng_state)  # last: nothing after this may draw from an RNG before the next step
+    out(f"[grpo] resumed from {path} (step {trainer.step_count})", soft_wrap=True)
     return state
+
+
+def _evaluate(trainer) -> float:
+    """Held-out accuracy, without touching the training RNG streams: whether and how often the run evaluates never
+    changes what it trains on (and a resume that skips an evaluation stays exact)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        return trainer.evaluate()["accuracy"]
 
 
 def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | None) -> None:
@@ -91,7 +147,7 @@ def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | 
     for g in range(min(cfg.log.sample_groups if not show else max(cfg.log.sample_groups, 1), len(r.prompts))):
         rows = range(g * G, (g + 1) * G)
         rewards = [total[i] for i in rows]
-        present = torch.tensor([x for x in rewards if x == x])
+        present = torch.tensor([x for x in rewards if not math.isnan(x)])
         mean = float(present.mean()) if present.numel() else float("nan")
         std = float(present.std(correction=0)) if present.numel() else float("nan")
         record = {"step": step, "prompt": r.prompts[g].text, "answer": r.prompts[g].answer,
@@ -102,86 +158,157 @@ def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | 
             printer.print_group(step, record["prompt"], record["completions"], rewards, record["advantages"], mean, std)
 
 
+class _Run:
+    """The state of one `run_training` call (one process's part of a run)."""
+
+    def __init__(self, trainer, con: RunConsole, guard: PreemptionGuard, state: dict):
+        self.trainer, self.cfg, self.run_dir, self.con, self.out, self.guard = (
+            trainer, trainer.cfg, trainer.run_dir, con, con.print, guard)
+        self.start_step, self.t_start = trainer.step_count, time.time()
+        self.wall_before = state.get("wall_s", 0.0)
+        self.acc_before, self.accuracy = state.get("accuracy_before"), state.get("accuracy")
+        self.skipped_total, self.nan_streak = state.get("skipped_steps", 0), state.get("nan_streak", 0)
+        self.last_saved = trainer.step_count if state else None  # resumed: that step's checkpoint exists
+        self.health = HealthMonitor()
+        h = state.get("health", {})
+        self.health._fired, self.health._streak = set(h.get("fired", [])), dict(h.get("streak", {}))
+        self.health._rewards = list(h.get("rewards", []))
+
+    def state(self) -> dict:
+        h = self.health
+        return {"accuracy_before": self.acc_before, "accuracy": self.accuracy, "skipped_steps": self.skipped_total,
+                "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
+                "config": self.cfg.to_dict(),
+                "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]}}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, why: str) -> Path | None:
+        """Save a committed checkpoint of the current step (once). why: periodic | final | preempted."""
+        trainer = self.trainer
+        if self.last_saved == trainer.step_count:
+            return _has_committed(self.run_dir)
+        optimizers, schedulers, extra_models = {"policy": trainer.optimizer}, {"policy": trainer.scheduler}, None
+        if trainer.critic is not None:
+            optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
+            extra_models = {"value": trainer.critic.model}
+        state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
+        try:
+            path = save_checkpoint(self.run_dir, trainer.step_count, model=trainer.policy,
+                                   tokenizer=trainer.tokenizer, optimizers=optimizers, schedulers=schedulers,
+                                   extra_models=extra_models, trainer_state=state,
+                                   keep_last=self.cfg.train.keep_checkpoints)
+        except CheckpointError as e:
+            previous = _has_committed(self.run_dir)
+            msg = (f"the {why} checkpoint save at step {trainer.step_count} failed: {e.__cause__ or e}. "
+                   f"The previous checkpoint is intact: {previous or 'none (no committed checkpoint yet)'}")
+            if why == "periodic" and self.cfg.train.on_save_error == "continue":
+                self.out(f"[grpo] warning: {msg}; training continues (train.on_save_error=continue)", soft_wrap=True)
+                return None
+            self.out(f"[grpo] error: {msg}", soft_wrap=True)
+            raise CheckpointError(msg) from e
+        self.last_saved = trainer.step_count
+        return path
+
+    # ------------------------------------------------------------------ one step
+    def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb) -> None:
+        trainer, cfg = self.trainer, self.cfg
+        metrics = trainer.step()
+        step = trainer.step_count
+        uids = [p.uid for p in trainer.last_rollouts.prompts]
+        if metrics["train/skipped_updates"] > 0:
+            self.nan_streak, self.skipped_total = self.nan_streak + 1, self.skipped_total + 1
+            self.out(f"[grpo] step {step}: non-finite loss or gradient norm, the update was skipped "
+                     f"({self.nan_streak} in a row, {self.skipped_total} in this run; batch prompts "
+                     f"{uids[:16]}{' ...' if len(uids) > 16 else ''})", soft_wrap=True)
+        else:
+            self.nan_streak = 0
+        metrics["train/skipped_steps"] = float(self.skipped_total)
+        evaluate = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.steps
+        if evaluate and not self.guard.requested:  # a stop request skips the evaluation, saving time
+            self.accuracy = metrics["eval/accuracy"] = _evaluate(trainer)
+        metrics_file.write({"step": step, **metrics})
+        if tb is not None:
+            for k, v in metrics.items():
+                tb.add_scalar(k, v, step)
+        _log_samples(trainer, samples_file, step, self.con)
+        for warning in self.health.observe(metrics):
+            self.out(f"[grpo] warning: {warning}")
+        self.con.update(step, metrics, self.accuracy)
+        if self.nan_streak >= cfg.train.max_nan_steps:
+            raise NonFiniteError(f"{self.nan_streak} consecutive steps (the last is step {step}) had a non-finite "
+                                 f"loss or gradient norm (train.max_nan_steps={cfg.train.max_nan_steps}); last batch "
+                                 f"prompts {uids[:16]}. Lower optim.lr, check the rewards and the data, then resume "
+                                 f"from the last checkpoint: {resume_command(self.run_dir)}")
+        if (cfg.train.save_every and step % cfg.train.save_every == 0 and step < cfg.train.steps
+                and not self.guard.requested):
+            self.save("periodic")
+
+    def stop(self) -> dict:
+        """After a stop request: save, print how to resume, return the preempted summary."""
+        step = self.trainer.step_count
+        path = self.save("preempted") if step > 0 else None
+        self.con.stop()
+        what = f"checkpoint {path} committed" if path else "nothing trained yet, nothing saved"
+        self.out(f"[grpo] stopped by {self.guard.signal_name or 'a stop request'} at step {step}; {what}. "
+                 f"Resume with: {resume_command(self.run_dir)}", soft_wrap=True)
+        return {"preempted": True, "steps": step, "checkpoint": str(path) if path else None}
+
+
 def run_training(trainer, resume: bool = False) -> dict:
-    """Train for cfg.train.steps steps and write the run directory; returns summary.json's content."""
+    """Train until cfg.train.steps and write the run directory; returns summary.json's content, or
+    {"preempted": True, "steps", "checkpoint"} after SIGTERM/SIGINT (the checkpoint is committed)."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress)
     out = con.print
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = _resume(trainer, out) if resume else {}
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    start_step, t_start = trainer.step_count, time.time()
-    wall_before = state.get("wall_s", 0.0)
-    metrics_file = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=start_step)
-    samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=start_step)
-    health, tb = HealthMonitor(), _tensorboard(cfg, run_dir)
-    if "accuracy_before" in state:
-        acc_before = state["accuracy_before"]
-    else:
-        acc_before = trainer.evaluate()["accuracy"]
-        out(f"[grpo] held-out accuracy before training: {acc_before:.3f} on {len(trainer.eval_prompts)} problems")
-    accuracy, nan_streak, skipped_total, preempted = state.get("accuracy"), 0, state.get("skipped_steps", 0), False
-    extra = lambda: {"accuracy_before": acc_before, "accuracy": accuracy, "skipped_steps": skipped_total,  # noqa: E731
-                     "wall_s": wall_before + time.time() - t_start}
-    con.start(start_step)
-    try:
-        with PreemptionGuard() as guard:
-            while trainer.step_count < cfg.train.steps:
-                if guard.requested:
-                    preempted = True
-                    break
-                metrics = trainer.step()
-                step = trainer.step_count
-                if metrics["train/skipped_updates"] > 0:
-                    nan_streak, skipped_total = nan_streak + 1, skipped_total + 1
-                    out(f"[grpo] step {step}: non-finite loss or gradient; update skipped "
-                        f"(prompts {[p.uid for p in trainer.last_rollouts.prompts][:8]}...)")
-                    if nan_streak >= cfg.train.max_nan_steps:
-                        raise NonFiniteError(f"{nan_streak} consecutive steps had a non-finite loss or gradient "
-                                             f"(last at step {step}); lower optim.lr or check the rewards")
-                else:
-                    nan_streak = 0
-                if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.steps:
-                    accuracy = metrics["eval/accuracy"] = trainer.evaluate()["accuracy"]
-                metrics_file.write({"step": step, **metrics})
-                if tb is not None:
-                    for k, v in metrics.items():
-                        tb.add_scalar(k, v, step)
-                _log_samples(trainer, samples_file, step, con)
-                for warning in health.observe(metrics):
-                    out(f"[grpo] warning: {warning}")
-                con.update(step, metrics, accuracy)
-                if cfg.train.save_every and step % cfg.train.save_every == 0 and step < cfg.train.steps:
-                    _save(trainer, extra())
-            if preempted or guard.requested:
-                _save(trainer, extra())
-                con.stop()
-                out(f"[grpo] stopped by {guard.signal_name or 'signal'} at step {trainer.step_count}; checkpoint "
-                    f"saved. Resume with: grpo train {run_dir / 'config.yaml'} --output-dir {run_dir} --resume")
-                return {"preempted": True, "steps": trainer.step_count}
-    finally:
-        con.stop()
-        metrics_file.close()
-        samples_file.close()
-        if tb is not None:
-            tb.close()
-    return _finish(trainer, con, acc_before, extra())
+    if not resume and (existing := _has_committed(run_dir)) is not None:
+        raise ConfigError(f"the run directory {run_dir} already holds checkpoints of an earlier run (newest "
+                          f"{existing.name}): add --resume to continue it, or pass another --output-dir")
+    with PreemptionGuard() as guard:
+        state = _resume(trainer, out) if resume else {}
+        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+        run = _Run(trainer, con, guard, state)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            _repair_jsonl(run_dir / name, out)
+        metrics_file = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=run.start_step)
+        samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=run.start_step)
+        tb = _tensorboard(cfg, run_dir)
+        try:
+            if run.acc_before is None:
+                run.acc_before = _evaluate(trainer)
+                out(f"[grpo] held-out accuracy before training: {run.acc_before:.3f} on "
+                    f"{len(trainer.eval_prompts)} problems")
+            con.start(run.start_step)
+            while trainer.step_count < cfg.train.steps and not guard.requested:
+                run.step(metrics_file, samples_file, tb)
+            if guard.requested:
+                return run.stop()
+        finally:
+            con.stop()
+            metrics_file.close()
+            samples_file.close()
+            if tb is not None:
+                tb.close()
+        return _finish(run)
 
 
-def _finish(trainer, con: RunConsole, acc_before: float, state: dict) -> dict:
-    cfg, run_dir = trainer.cfg, trainer.run_dir
+def _finish(run: _Run) -> dict:
+    trainer, cfg, run_dir, con = run.trainer, run.cfg, run.run_dir, run.con
     if trainer.step_count > 0:
-        _save(trainer, state)
+        run.save("final")
     final = run_dir / "final"
     final.mkdir(exist_ok=True)
     from grpo.models.lora import save_final
 
     save_final(trainer.policy, final, merged=cfg.model.save_merged)  # LoRA: the adapter, or merged weights
     trainer.tokenizer.save_pretrained(final)
-    accuracy = state["accuracy"] if state["accuracy"] is not None else trainer.evaluate()["accuracy"]
-    summary = {"eval/accuracy_before": acc_before, "eval/accuracy_after": accuracy, "eval/n": len(trainer.eval_prompts),
-               "steps": trainer.step_count, "wall_s": state["wall_s"], "skipped_steps": state["skipped_steps"],
-               "preset": cfg.preset, "model": cfg.model.name, "task": cfg.data.task}
+    if run.accuracy is None:
+        run.accuracy = _evaluate(trainer)
+    state = run.state()
+    summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.accuracy,
+               "eval/n": len(trainer.eval_prompts), "steps": trainer.step_count, "wall_s": state["wall_s"],
+               "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
+               "task": cfg.data.task}
     write_json_atomic(run_dir / "summary.json", summary)
     plot = None
     if cfg.log.plots:

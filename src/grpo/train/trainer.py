@@ -21,6 +21,7 @@ from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zer
 from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
+from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy
 from grpo.models.lora import reference_policy
 from grpo.rollout import Sampler
@@ -56,13 +57,17 @@ class Trainer:
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         self.eval_prompts = self.task.split("test", cfg.eval.n)
+        reward_specs = self._reward_specs(reward_functions)
+        self.train_prompts, self.eval_prompts = check_rows(self.train_prompts, self.eval_prompts, reward_specs, cfg)
         self.policy, self.tokenizer = load_policy(cfg, self.task, console)
+        self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
+                                                              self.tokenizer, cfg)
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                max_prompt_tokens=cfg.data.max_prompt_tokens)
-        self.rewards = RewardRunner(functions=self._reward_specs(reward_functions), timeout_s=cfg.reward.timeout_s,
+        self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s,
                                     max_failure_frac=cfg.reward.max_failure_frac)
         total_updates = cfg.train.steps * cfg.algo.epochs
         self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optim, total_updates)

@@ -1,0 +1,118 @@
+"""Checks of the prompts a run trains and evaluates on, done once before the first step (RELIABILITY.md
+section 9, cases 12-14), so a bad row fails the run at start, naming itself, instead of at step 500.
+
+    check_rows(train, test, reward_specs, cfg)      before the model loads: no rows, fewer rows than one step
+                                                    (P), an empty prompt, a column a reward function needs
+    check_lengths(train, test, tokenizer, cfg)      after the tokenizer loads: prompts over data.max_prompt_tokens
+
+An error is a `DataError` naming the split, the row (index and uid) and the column. With
+`data.filter_long_prompts=true` empty and over-long prompts are dropped instead, and the count is logged; a
+missing column is always an error (a reward function could not score the row).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from grpo.config import ConfigError
+from grpo.types import Prompt
+
+log = logging.getLogger("grpo.data")
+
+__all__ = ["DataError", "check_lengths", "check_rows", "required_columns"]
+
+
+class DataError(ConfigError):
+    """A data set row that cannot be trained on; the message names the split, the row and the column."""
+
+
+def required_columns(fn) -> list[str]:
+    """The keyword columns `fn(prompts, completions, **columns)` needs: its parameters without a default
+    besides prompts and completions. Unknown signatures (builtins, C callables) need nothing."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty
+            and p.name not in ("prompts", "completions")]
+
+
+def _row(split: str, i: int, p: Prompt) -> str:
+    return f"{split} row {i} (uid {p.uid!r})"
+
+
+def _has(p: Prompt, column: str) -> bool:
+    if column == "answer":
+        return p.answer is not None
+    if column == "prompt":
+        return True
+    return column in p.meta
+
+
+def _drop(split: str, prompts: list[Prompt], bad: list[tuple[int, str]], what: str) -> list[Prompt]:
+    """Prompts without the `bad` rows; logs the count and the first few rows."""
+    if not bad:
+        return prompts
+    rows = {i for i, _ in bad}
+    shown = ", ".join(f"{i} ({why})" for i, why in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log.warning("data.filter_long_prompts: dropped %d of %d %s prompts (%s): rows %s", len(bad), len(prompts),
+                split, what, shown)
+    return [p for i, p in enumerate(prompts) if i not in rows]
+
+
+def _enough(train: list[Prompt], test: list[Prompt], cfg, after: str) -> None:
+    P = cfg.rollout.prompts_per_step
+    if not train:
+        raise DataError(f"the train split has no prompts{after}: nothing to train on")
+    if len(train) < P:
+        raise DataError(f"the train split has {len(train)} prompts{after}, fewer than one step's "
+                        f"rollout.prompts_per_step={P}; a step would repeat prompts")
+    if not test:
+        raise DataError(f"the test split has no prompts{after}: nothing to evaluate on")
+
+
+def check_rows(train: list[Prompt], test: list[Prompt], reward_specs, cfg) -> tuple[list[Prompt], list[Prompt]]:
+    """Checks that need no tokenizer. Returns (train, test), without empty prompts when filtering is on.
+
+    reward_specs: (name, fn, weight) tuples; every column a function needs must be in every train row
+    (`answer` or a `meta` key). Raises DataError naming the first bad row and column.
+    """
+    _enough(train, test, cfg, "")
+    needs = {}
+    for name, fn, *_ in reward_specs:
+        for column in required_columns(fn):
+            needs.setdefault(column, name)
+    for i, p in enumerate(train):
+        missing = [c for c in needs if not _has(p, c)]
+        if missing:
+            raise DataError(f"{_row('train', i, p)} has no column {missing[0]!r}, which reward function "
+                            f"{needs[missing[0]]!r} needs (columns it has: "
+                            f"{['prompt'] + (['answer'] if p.answer is not None else []) + sorted(p.meta)})")
+    out = []
+    for split, prompts in (("train", train), ("test", test)):
+        empty = [(i, "empty") for i, p in enumerate(prompts) if not p.text or not p.text.strip()]
+        if empty and not cfg.data.filter_long_prompts:
+            i = empty[0][0]
+            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' is empty ({len(empty)} such rows); "
+                            "fix the data or set data.filter_long_prompts=true to drop them")
+        out.append(_drop(split, prompts, empty, "empty"))
+    _enough(out[0], out[1], cfg, " after dropping empty prompts")
+    return out[0], out[1]
+
+
+def check_lengths(train: list[Prompt], test: list[Prompt], tokenizer, cfg) -> tuple[list[Prompt], list[Prompt]]:
+    """Prompts over `data.max_prompt_tokens` tokens: DataError naming the row, or dropped with a count."""
+    limit, out = cfg.data.max_prompt_tokens, []
+    for split, prompts in (("train", train), ("test", test)):
+        ids = tokenizer([p.text for p in prompts], add_special_tokens=False)["input_ids"] if prompts else []
+        bad = [(i, f"{len(x)} tokens") for i, x in enumerate(ids) if len(x) > limit or not x]
+        if bad and not cfg.data.filter_long_prompts:
+            i = bad[0][0]
+            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' has {bad[0][1]}, outside 1.."
+                            f"data.max_prompt_tokens={limit} ({len(bad)} such rows in {split}); shorten the "
+                            "prompts, raise data.max_prompt_tokens or set data.filter_long_prompts=true")
+        out.append(_drop(split, prompts, bad, f"over data.max_prompt_tokens={limit} or empty after tokenisation"))
+    _enough(out[0], out[1], cfg, f" after dropping prompts over data.max_prompt_tokens={limit}")
+    return out[0], out[1]
