@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev,math,lora,data
-python3 -m pytest -q -p no:cacheprovider "$@"
+python3 -m pytest -p no:cacheprovider "$@"
