@@ -140,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"grpo: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # the run's own failures get one clear line, not a traceback
+        from grpo.rewards import RewardFunctionError
+        from grpo.train.checkpoint import CheckpointError
+        from grpo.train.loop import NonFiniteError
+
+        if isinstance(e, (NonFiniteError, CheckpointError, RewardFunctionError)):
+            print(f"grpo: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":
