@@ -61,6 +61,8 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(32, ge=1)
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed_per_prompt: bool = Field(False, description="sample each prompt's group with its own generator seeded by "
+                                  "(train.seed, step, uid): rollouts independent of batching and world size")
 
 
 class RewardConfig(_Section):

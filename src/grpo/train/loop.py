@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from grpo.config import ConfigError, build_config
+from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
@@ -118,8 +119,9 @@ def _resume(trainer, out) -> dict:
     if saved_cfg is None:  # written by an older version: the run directory's config.yaml
         saved_cfg = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
     check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
-    ckpt.load_model_into(trainer.policy)
-    optimizers, schedulers = {"policy": trainer.optimizer}, {"policy": trainer.scheduler}
+    model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=False)
+    ckpt.load_model_into(model)
+    optimizers, schedulers = {"policy": optimizer}, {"policy": trainer.scheduler}
     if trainer.critic is not None:
         ckpt.load_extra_models({"value": trainer.critic.model})
         optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
@@ -187,16 +189,17 @@ class _Run:
         trainer = self.trainer
         if self.last_saved == trainer.step_count:
             return _has_committed(self.run_dir)
-        optimizers, schedulers, extra_models = {"policy": trainer.optimizer}, {"policy": trainer.scheduler}, None
+        model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=True)
+        optimizers, schedulers, extra_models = {"policy": optimizer}, {"policy": trainer.scheduler}, None
         if trainer.critic is not None:
             optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
             extra_models = {"value": trainer.critic.model}
         state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
         try:
-            path = save_checkpoint(self.run_dir, trainer.step_count, model=trainer.policy,
+            path = save_checkpoint(self.run_dir, trainer.step_count, model=model,
                                    tokenizer=trainer.tokenizer, optimizers=optimizers, schedulers=schedulers,
                                    extra_models=extra_models, trainer_state=state,
-                                   keep_last=self.cfg.train.keep_checkpoints)
+                                   keep_last=self.cfg.train.keep_checkpoints) if is_main() else None
         except CheckpointError as e:
             previous = _has_committed(self.run_dir)
             msg = (f"the {why} checkpoint save at step {trainer.step_count} failed: {e.__cause__ or e}. "
@@ -206,6 +209,8 @@ class _Run:
                 return None
             self.out(f"[grpo] error: {msg}", soft_wrap=True)
             raise CheckpointError(msg) from e
+        finally:
+            barrier()  # several processes: the others wait for rank 0's checkpoint
         self.last_saved = trainer.step_count
         return path
 
@@ -258,21 +263,26 @@ def run_training(trainer, resume: bool = False) -> dict:
     """Train until cfg.train.steps and write the run directory; returns summary.json's content, or
     {"preempted": True, "steps", "checkpoint"} after SIGTERM/SIGINT (the checkpoint is committed)."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
-    con = RunConsole(cfg.train.steps, enabled=cfg.log.progress)
+    main = is_main()  # torchrun: rank 0 prints and writes files, the other ranks only compute
+    con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
     out = con.print
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume and (existing := _has_committed(run_dir)) is not None:
         raise ConfigError(f"the run directory {run_dir} already holds checkpoints of an earlier run (newest "
                           f"{existing.name}): add --resume to continue it, or pass another --output-dir")
-    with PreemptionGuard() as guard:
+    with PreemptionGuard() as local_guard:
+        guard = SyncedGuard(local_guard, trainer.dist)  # every rank stops at the same step
         state = _resume(trainer, out) if resume else {}
-        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+        if main:
+            (run_dir / "config.yaml").write_text(cfg.to_yaml())
         run = _Run(trainer, con, guard, state)
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl") if main else ():
             _repair_jsonl(run_dir / name, out)
-        metrics_file = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=run.start_step)
-        samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=run.start_step)
-        tb = _tensorboard(cfg, run_dir)
+        metrics_file = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=run.start_step) if main \
+            else NullWriter()
+        samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=run.start_step) if main \
+            else NullWriter()
+        tb = _tensorboard(cfg, run_dir) if main else None
         try:
             if run.acc_before is None:
                 run.acc_before = _evaluate(trainer)
@@ -297,18 +307,23 @@ def _finish(run: _Run) -> dict:
     if trainer.step_count > 0:
         run.save("final")
     final = run_dir / "final"
-    final.mkdir(exist_ok=True)
     from grpo.models.lora import save_final
 
-    save_final(trainer.policy, final, merged=cfg.model.save_merged)  # LoRA: the adapter, or merged weights
-    trainer.tokenizer.save_pretrained(final)
+    gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
+    if is_main():
+        final.mkdir(exist_ok=True)
+        save_final(trainer.policy, final, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter/merged
+        trainer.tokenizer.save_pretrained(final)
     if run.accuracy is None:
         run.accuracy = _evaluate(trainer)
     state = run.state()
     summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.accuracy,
                "eval/n": len(trainer.eval_prompts), "steps": trainer.step_count, "wall_s": state["wall_s"],
                "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
-               "task": cfg.data.task}
+               "task": cfg.data.task if cfg.data.path is None else cfg.data.path}
+    if not is_main():
+        barrier()  # matches rank 0's barrier below
+        return summary
     write_json_atomic(run_dir / "summary.json", summary)
     plot = None
     if cfg.log.plots:
@@ -316,7 +331,14 @@ def _finish(run: _Run) -> dict:
 
         plot = plot_run(run_dir)[0]
     con.summary(summary, run_dir, plot)
+    barrier()  # several processes: the others leave once rank 0 has written everything
     return summary
+
+
+def _quiet():
+    from rich.console import Console
+
+    return Console(quiet=True)
 
 
 def _tensorboard(cfg, run_dir):

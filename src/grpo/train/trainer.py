@@ -24,6 +24,7 @@ from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy
 from grpo.models.lora import reference_policy
+from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
 from grpo.train.optim import build_optimizer
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
@@ -50,6 +51,8 @@ class Trainer:
         from grpo.rewards import RewardRunner
 
         self.cfg = cfg
+        self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
+        check_parallel_config(cfg, self.dist)
         set_seed(cfg.train.seed)
         self.console = console
         self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
@@ -64,6 +67,7 @@ class Trainer:
                                                               self.tokenizer, cfg)
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
+        self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
         self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                max_prompt_tokens=cfg.data.max_prompt_tokens)
@@ -91,7 +95,7 @@ class Trainer:
             metrics = {}
         else:
             batch.adv, metrics = self.critic.advantages(batch, scores.total)       # algo/: GAE with the critic
-        metrics |= policy_update(self.policy, self.optimizer, self.scheduler, batch, cfg)   # train/
+        metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, cfg, self.dist)  # train/
         if self.critic is not None:
             metrics |= self.critic.update(batch)
         self.step_count += 1
@@ -101,16 +105,17 @@ class Trainer:
                     "perf/update_s": time.perf_counter() - t1, "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
                     "perf/peak_rss_mb": peak_rss_mb()}
         self.last_rollouts, self.last_scores, self.last_adv = rollouts, scores, batch.adv
-        return metrics
+        return self.dist.reduce_metrics(metrics)  # several processes: the job's metrics, the same on every rank
 
     def _rollouts_and_rewards(self):
         """Sample and score; with algo.drop_zero_std_groups (DAPO) keep sampling until P informative groups."""
         cfg, P, G = self.cfg, self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
         kept_r, kept_s, gen_s, reward_s = [], [], 0.0, 0.0
         rounds = cfg.algo.max_resample_batches if cfg.algo.drop_zero_std_groups else 1
-        for _ in range(rounds):
+        P_rank = P // self.dist.world_size  # every rank takes its slice of the same global P prompts
+        for round_ in range(rounds):
             t = time.perf_counter()
-            rollouts = self.sampler.generate(self.stream.next(P), G)
+            rollouts = self._generate(self.dist.shard(self.stream.next(P)), G, round_)
             gen_s += time.perf_counter() - t
             t = time.perf_counter()
             scores = self._score(rollouts)
@@ -120,13 +125,27 @@ class Trainer:
                 rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
             kept_r.append(rollouts)
             kept_s.append(scores)
-            if sum(len(r.prompts) for r in kept_r) >= P:
+            if self.dist.all(sum(len(r.prompts) for r in kept_r) >= P_rank):  # ranks stop together
                 break
         rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
         scores = concat_scores(kept_s)
-        if len(rollouts.prompts) > P:
-            rollouts, scores = rollouts.select_groups(list(range(P))), select_groups(scores, list(range(P)), G)
+        if len(rollouts.prompts) > P_rank:
+            keep = list(range(P_rank))
+            rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
         return rollouts, scores, gen_s, reward_s
+
+    def _generate(self, prompts, G: int, round_: int) -> Rollouts:
+        """Sample G completions per prompt. rollout.seed_per_prompt: one generator per prompt, seeded by
+        (train.seed, step, round, uid), so the rollouts do not depend on batching or the world size; several
+        processes: one generator per (step, round, rank); otherwise the global RNG."""
+        d, seed, step = self.dist, self.cfg.train.seed, self.step_count
+        with generation(self.policy, d):  # FSDP: weights gathered once, decoding without collectives
+            if self.cfg.rollout.seed_per_prompt:
+                parts = [self.sampler.generate([p], G, generator=d.step_generator(seed, step, round_, p.uid,
+                                                                                  self.device)) for p in prompts]
+                return Rollouts.concat(parts, self.tokenizer.pad_token_id)
+            gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
+            return self.sampler.generate(prompts, G, generator=gen)
 
     def _score(self, rollouts: Rollouts):
         G = rollouts.group_size
@@ -142,6 +161,7 @@ class Trainer:
                             completion_ids=rollouts.completion_ids, mask=rollouts.completion_mask.float(),
                             adv=torch.zeros(rollouts.num_completions, device=self.device),
                             group_size=rollouts.group_size)
+        align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
         budget, temp = cfg.optim.micro_batch_tokens, cfg.rollout.temperature
         if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
             batch.old_logp = batch_logprobs(self.policy, batch, budget, temp)
@@ -160,7 +180,7 @@ class Trainer:
         return rloo_advantages(rewards, G)
 
     def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
-        total = scores.total
+        total, adv = self.dist.gather_cat(scores.total), self.dist.gather_cat(adv)  # the job's, with several ranks
         present = total[~torch.isnan(total)]
         G = self.cfg.rollout.group_size
         out = dict(scores.metrics)
@@ -198,10 +218,18 @@ class Trainer:
     def evaluate(self) -> dict:
         from grpo.train.evaluate import evaluate_model
 
-        return evaluate_model(self.policy, self.tokenizer, self.task, self.eval_prompts,
-                              batch_size=self.cfg.eval.batch_size,
-                              max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                              max_prompt_tokens=self.cfg.data.max_prompt_tokens)
+        d = self.dist  # several processes: each evaluates every world_size-th problem; the results are joined
+        with generation(self.policy, d):
+            res = evaluate_model(self.policy, self.tokenizer, self.task, d.shard_strided(self.eval_prompts),
+                                 batch_size=self.cfg.eval.batch_size,
+                                 max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
+                                 max_prompt_tokens=self.cfg.data.max_prompt_tokens)
+        if d.enabled:
+            parts = d.gather((res["correct"], res["completions"]))
+            correct, completions = d.unstride([c for c, _ in parts]), d.unstride([x for _, x in parts])
+            res = {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
+                   "completions": completions}
+        return res
 
     def train(self, resume: bool = False) -> dict:
         from grpo.train.loop import run_training
@@ -210,6 +238,7 @@ class Trainer:
 
     def close(self) -> None:
         self.rewards.close()
+        self.dist.close()
 
 
 def select_groups(scores, groups: list[int], group_size: int):

@@ -48,7 +48,7 @@ class PolicyBatch:
 def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
                         with_entropy: bool = False):
     """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy if asked)."""
-    logits = completion_logits(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+    logits = _logits_fn(model)(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
                                batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size)
     logp = token_logprobs(logits, batch.completion_ids[rows_n], temperature=temperature)
     entropy = None
@@ -58,6 +58,18 @@ def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice,
     return logp, entropy
 
 
+def _logits_fn(model):
+    """FSDP2 frees a layer's gathered weights after that layer's backward, so a forward whose prompt KV cache
+    carries gradients into a second forward of the same layers (a shared-prefix forward) cannot train under it:
+    sharded models take the plain forward over the N full sequences."""
+    from grpo.models import forward
+    from grpo.parallel import is_fsdp
+
+    if is_fsdp(model) and torch.is_grad_enabled():
+        return getattr(forward, "unshared_completion_logits", completion_logits)
+    return completion_logits
+
+
 @torch.no_grad()
 def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float) -> torch.Tensor:
     """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref)."""
@@ -65,18 +77,30 @@ def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: fl
     return torch.cat(parts) * batch.mask
 
 
-def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg) -> dict[str, float]:
-    """mu epochs of the clipped-surrogate update; returns averaged metrics (floats)."""
+def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=None) -> dict[str, float]:
+    """mu epochs of the clipped-surrogate update; returns averaged metrics (floats).
+
+    dist (grpo.parallel.Dist, data-parallel): `batch` is this rank's share; the counts are the job's, each rank's
+    loss is scaled by world_size against DDP's gradient averaging, so the gradient is the 1-process one, and every
+    rank runs the same number of backward passes (a non-finite loss is skipped jointly, after the backward).
+    """
+    from grpo.parallel import SINGLE, backward_sync
+
+    dist = dist or SINGLE
     algo, kl_cfg = cfg.algo, cfg.kl
     use_kl_loss = kl_cfg.coef > 0 and batch.ref_logp is not None and algo.advantage != "gae"
     num_tokens = batch.mask.sum()
     num_seqs = batch.mask.shape[0]
+    if dist.enabled:
+        counts = dist.reduce([float(num_tokens), float(num_seqs)])
+        num_tokens, num_seqs = num_tokens.new_tensor(counts[0]), int(counts[1])
     sums: dict[str, float] = {}
     skipped = 0
     for _ in range(algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
-        for rows_p, rows_n in batch.group_chunks(cfg.optim.micro_batch_tokens):
+        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens))
+        for i, (rows_p, rows_n) in enumerate(chunks):
             mask = batch.mask[rows_n]
             logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True)
             old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
@@ -96,13 +120,18 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg) -> dict[
                 _add(sums, "policy/kl", weight * masked_mean(kl.detach(), mask))
             if not torch.isfinite(loss):
                 finite = False
-                break
-            loss.backward()
+                if not dist.enabled:
+                    break
+            with backward_sync(model, dist, sync=i == len(chunks) - 1):  # one gradient all-reduce per update
+                (loss * dist.world_size if dist.enabled else loss).backward()
             _add(sums, "loss/policy", policy_loss.detach())
             _add(sums, "policy/entropy", weight * masked_mean(entropy, mask))
             for key in ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean"):
                 _add(sums, f"policy/{key}", weight * m[key])
+        finite = dist.all(finite)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm) if finite else None
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor
+            grad_norm = grad_norm.full_tensor()
         if not finite or not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
             skipped += 1
@@ -111,6 +140,9 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg) -> dict[
         scheduler.step()
         _add(sums, "policy/grad_norm", grad_norm)
     out = {k: float(v) / algo.epochs for k, v in sums.items()}
+    if dist.enabled:  # the ranks' shares of the global sums; the gradient norm is already the job's
+        keys = sorted(k for k in out if k != "policy/grad_norm")
+        out |= dict(zip(keys, dist.reduce([out[k] for k in keys])))
     out.setdefault("loss/kl", 0.0)
     out.setdefault("policy/kl", 0.0)
     out["train/skipped_updates"] = float(skipped)
