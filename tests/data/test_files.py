@@ -14,7 +14,7 @@ from tiny_hf import chat_tokenizer, write_chat_jsonl
 
 from grpo.config import load_config
 from grpo.data.base import task_from_config
-from grpo.data.files import FileTask, hash_fraction
+from grpo.data.files import DataFileError, FileTask, hash_fraction
 
 
 def jsonl(path: Path, rows: list[dict]) -> Path:
@@ -124,7 +124,7 @@ def test_unknown_files_and_unreachable_hub_names_are_clear_errors(tmp_path, monk
     (tmp_path / "d.txt").write_text("x")
     with pytest.raises(ValueError, match="unknown file type '.txt'"):
         task(tmp_path / "d.txt")
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DataFileError, match="does not exist"):
         task(tmp_path / "missing.jsonl")
     import datasets
 

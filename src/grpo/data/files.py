@@ -15,9 +15,9 @@ out when the SHA-1 of its prompt falls in the first `data.test_fraction` of the 
 hash alike, so the two splits never share a prompt, and the split does not depend on row order or machine. With
 a test file, train rows whose prompt is also in the test file are dropped (logged).
 
-Validated at load, before any model is loaded (RELIABILITY.md section 9): a missing column is a ValueError naming
-the column, the file and the columns it has; an empty prompt or answer, or a malformed conversation, is a
-ValueError naming the row index (0-based) and the file. With `data.filter_long_prompts=true` empty prompts are
+Validated at load, before any model is loaded (RELIABILITY.md section 9): a missing column is a DataFileError (a
+ConfigError, so a ValueError) naming the column, the file and the columns it has; an empty prompt or answer, or a
+malformed conversation, names the row index (0-based) and the file. With `data.filter_long_prompts=true` empty prompts are
 kept as "" for `grpo.data.validate` to drop and count. Rewards are required (`reward.functions`): a file has no
 default reward. Held-out accuracy is "the first reward function gives its maximum" (`fn.max_reward`, default 1.0,
 which every built-in reward gives a correct answer).
@@ -32,11 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from grpo.config import ConfigError
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
 
-__all__ = ["FileTask", "hash_fraction", "read_table"]
+__all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
+
+
+class DataFileError(ConfigError):
+    """A data set file (or Hub data set) that cannot be used; the message names the file, and the row or column."""
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
@@ -52,32 +57,32 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
     if p.is_file():
         builder = BUILDERS.get(p.suffix.lower())
         if builder is None:
-            raise ValueError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
+            raise DataFileError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
         kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
         try:
             with _quiet(datasets):
                 ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
         except Exception as e:
-            raise ValueError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
+            raise DataFileError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
         return ds, p.name
     if p.is_dir():
         try:
             ds = datasets.load_from_disk(str(p))
         except Exception as e:
-            raise ValueError(f"data.path={path!r} is a directory but not a data set saved with save_to_disk: {e}") \
+            raise DataFileError(f"data.path={path!r} is a directory but not a data set saved with save_to_disk: {e}") \
                 from e
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
-                raise ValueError(f"data.path={path!r} has splits {sorted(ds)}; data.split={split!r} is not one")
+                raise DataFileError(f"data.path={path!r} has splits {sorted(ds)}; data.split={split!r} is not one")
             ds = ds[split]
         return ds, p.name
     if p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"data.path={path!r} does not exist")
+        raise DataFileError(f"data.path={path!r} does not exist")
     try:  # a Hub name; offline this fails quickly with a connection error
         with _quiet(datasets):
             ds = datasets.load_dataset(path, subset, split=split)
     except Exception as e:
-        raise ValueError(f"data.path={path!r} is not a local file, and loading it as a `datasets` Hub data set "
+        raise DataFileError(f"data.path={path!r} is not a local file, and loading it as a `datasets` Hub data set "
                          f"(subset {subset!r}, split {split!r}) failed (no network?): {type(e).__name__}: {e}") from e
     return ds, path
 
@@ -134,7 +139,7 @@ class FileTask:
                           "test": [r for r, h in zip(rows, held) if h]}
         for split_name, rows in self._rows.items():
             if not rows:
-                raise ValueError(f"data.path={path!r}: the {split_name} split has no rows"
+                raise DataFileError(f"data.path={path!r}: the {split_name} split has no rows"
                                  + ("" if test_path or test_split else
                                     f" (data.test_fraction={test_fraction} of {len(train)} rows); raise "
                                     "data.test_fraction or give data.test_path"))
@@ -146,7 +151,7 @@ class FileTask:
         d = cfg.data
         rewards = reward_functions if reward_functions is not None else cfg.reward.functions
         if not rewards:
-            raise ValueError(f"data.path={d.path!r} needs reward.functions: a data set file has no default reward "
+            raise DataFileError(f"data.path={d.path!r} needs reward.functions: a data set file has no default reward "
                              "(e.g. reward.functions=[exact_answer])")
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
@@ -160,11 +165,11 @@ class FileTask:
         wanted = [self.prompt_column] + ([self.answer_column] if self.answer_column else [])
         for col, key in zip(wanted, ("data.prompt_column", "data.answer_column")):
             if col not in columns:
-                raise ValueError(f"{source}: no column {col!r} ({key}); its columns are {columns}")
+                raise DataFileError(f"{source}: no column {col!r} ({key}); its columns are {columns}")
         others = [c for c in columns if c not in wanted]
         for c in others:
             if c in RESERVED or c == "answer":
-                raise ValueError(f"{source}: column {c!r} would clash with the reward functions' `{c}` argument; "
+                raise DataFileError(f"{source}: column {c!r} would clash with the reward functions' `{c}` argument; "
                                  "rename it" + (" or map it with data.answer_column=answer" if c == "answer" else ""))
         extra = others + ([self.answer_column] if self.answer_column not in (None, "answer") else [])
         out = []
@@ -175,7 +180,7 @@ class FileTask:
             if self.answer_column:
                 answer = row[self.answer_column]
                 if answer is None or (isinstance(answer, str) and not answer.strip()):
-                    raise ValueError(f"{where}: column {self.answer_column!r} (the answer) is empty; fix the row, "
+                    raise DataFileError(f"{where}: column {self.answer_column!r} (the answer) is empty; fix the row, "
                                      "or set data.answer_column=null if the rewards need no answer")
                 answer = str(answer) if isinstance(answer, (int, float)) else answer
             out.append((f"{source}:{i}", prompt, answer, {c: row[c] for c in extra}))
@@ -194,7 +199,7 @@ class FileTask:
     def split(self, name: str, n: int) -> list[Prompt]:
         """The first n rows of split `name` ('train' or 'test') in file order (fewer when the file is smaller)."""
         if name not in self._rows:
-            raise ValueError(f"split must be 'train' or 'test', got {name!r}")
+            raise DataFileError(f"split must be 'train' or 'test', got {name!r}")
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
             done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta))
@@ -206,7 +211,7 @@ class FileTask:
             return prompt
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise ValueError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
+            raise DataFileError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
         return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
@@ -217,7 +222,7 @@ class FileTask:
         return self._tokenizer
 
     def reward_functions(self):
-        raise ValueError("a data set file has no default rewards; set reward.functions")
+        raise DataFileError("a data set file has no default rewards; set reward.functions")
 
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
         _name, fn, max_reward = self._judge
@@ -235,24 +240,24 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
     if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
         if keep_empty:
             return ""
-        raise ValueError(f"{where}: column {column!r} (the prompt) is empty; fix the row or set "
+        raise DataFileError(f"{where}: column {column!r} (the prompt) is empty; fix the row or set "
                          "data.filter_long_prompts=true to drop such rows")
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         for j, m in enumerate(value):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
+                raise DataFileError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
                                  f"mapping: {m!r}")
         return [{"role": m["role"], "content": m["content"]} for m in value]
-    raise ValueError(f"{where}: column {column!r} must be text or a list of {{'role', 'content'}} messages, got "
+    raise DataFileError(f"{where}: column {column!r} must be text or a list of {{'role', 'content'}} messages, got "
                      f"{type(value).__name__}")
 
 
 def _first_reward(reward_functions) -> tuple[str, Callable, float]:
     """(name, fn, max_reward) of the first reward: a registered name, a (name, fn[, weight]) spec or a function."""
     if not reward_functions:
-        raise ValueError("a data set file needs reward functions (reward.functions)")
+        raise DataFileError("a data set file needs reward functions (reward.functions)")
     first = reward_functions[0]
     if isinstance(first, str):
         from grpo.rewards import get_reward_function
