@@ -134,3 +134,9 @@ def test_unknown_files_and_unreachable_hub_names_are_clear_errors(tmp_path, monk
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(ValueError, match=r"Hub data set .*no network"):
         task("someone/some-dataset")
+
+
+def test_the_task_carries_its_rewards_for_a_trainer_built_around_it(tmp_path):
+    t = task(jsonl(tmp_path / "d.jsonl", [{"prompt": f"q{i}", "answer": "1"} for i in range(20)]),
+             reward_functions=["exact_answer", ("len", len, 0.5)])
+    assert [(n, w) for n, _, w in t.reward_functions()] == [("exact_answer", 1.0), ("len", 0.5)]

@@ -121,7 +121,8 @@ class FileTask:
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
         self.keep_empty = keep_empty
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
-        self._judge = _first_reward(reward_functions)
+        self._specs = _reward_specs(reward_functions)
+        self._judge = self._specs[0]
         train, source = read_table(path, subset=subset, split=split)
         self._rows = {"train": self._read(train, source)}
         if test_path is not None:
@@ -222,13 +223,14 @@ class FileTask:
         return self._tokenizer
 
     def reward_functions(self):
-        raise DataFileError("a data set file has no default rewards; set reward.functions")
+        """The rewards the task was built with (reward.functions), weight 1 each unless given."""
+        return list(self._specs)
 
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        _name, fn, max_reward = self._judge
+        _name, fn, _weight = self._judge
         columns = {k: [v] for k, v in prompt.meta.items()}
         value = fn([prompt.text], [completion], answer=[prompt.answer], **columns)[0]
-        return value is not None and float(value) >= max_reward - 1e-9
+        return value is not None and float(value) >= float(getattr(fn, "max_reward", 1.0)) - 1e-9
 
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
@@ -254,20 +256,21 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
                      f"{type(value).__name__}")
 
 
-def _first_reward(reward_functions) -> tuple[str, Callable, float]:
-    """(name, fn, max_reward) of the first reward: a registered name, a (name, fn[, weight]) spec or a function."""
+def _reward_specs(reward_functions) -> list[tuple[str, Callable, float]]:
+    """(name, fn, weight) of each reward: a registered name, a (name, fn[, weight]) spec or a function."""
     if not reward_functions:
         raise DataFileError("a data set file needs reward functions (reward.functions)")
-    first = reward_functions[0]
-    if isinstance(first, str):
-        from grpo.rewards import get_reward_function
+    specs = []
+    for r in reward_functions:
+        if isinstance(r, str):
+            from grpo.rewards import get_reward_function
 
-        name, fn = first, get_reward_function(first)
-    elif isinstance(first, tuple):
-        name, fn = first[0], first[1]
-    else:
-        name, fn = getattr(first, "__name__", "reward"), first
-    return name, fn, float(getattr(fn, "max_reward", 1.0))
+            specs.append((r, get_reward_function(r), 1.0))
+        elif isinstance(r, tuple):
+            specs.append((r[0], r[1], float(r[2]) if len(r) > 2 else 1.0))
+        else:
+            specs.append((getattr(r, "__name__", "reward"), r, 1.0))
+    return specs
 
 
 def _model_tokenizer(cfg):
