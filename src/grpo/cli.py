@@ -34,7 +34,9 @@ def _train(args) -> int:
         cfg.log.progress = False
     from grpo.train.trainer import Trainer
 
-    trainer = Trainer(cfg)
+    from rich.console import Console
+
+    trainer = Trainer(cfg, console=None if args.quiet else Console(highlight=False, markup=False))
     try:
         summary = trainer.train(resume=args.resume)
     finally:

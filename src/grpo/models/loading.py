@@ -53,7 +53,7 @@ def model_directory(cfg, task=None, console=None) -> Path:
                 from grpo.data import get_task
 
                 warm_task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
-            build_warm_model(cfg, warm_task, path)
+            build_warm_model(cfg, warm_task, path, report=console.print if console is not None else None)
 
         return cached_model_dir(builtin_spec(cfg), build)
     if name.startswith("builtin:"):

@@ -34,7 +34,8 @@ def demonstration_batch(tokenizer, task, prompts, rng=None):
     return ids, mask, labels
 
 
-def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int, train_size: int) -> list[float]:
+def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int, train_size: int,
+            report=None) -> list[float]:
     """Train `model` in place for `steps` AdamW steps (cosine LR); returns the loss curve."""
     prompts = task.split("train", train_size)
     rng = random.Random(seed)
@@ -54,10 +55,12 @@ def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, s
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if report is not None and (len(losses) % 100 == 0 or len(losses) == steps):
+            report(f"[grpo] warm-up step {len(losses)}/{steps}: loss {losses[-1]:.3f}")
     return losses
 
 
-def build_warm_model(cfg, task, out_dir: Path) -> None:
+def build_warm_model(cfg, task, out_dir: Path, report=None) -> None:
     """Create, warm up and save the built-in model into `out_dir` (save_pretrained format)."""
     from grpo.data import get_task
     from grpo.models.builtin import build_model, build_tokenizer
@@ -68,7 +71,7 @@ def build_warm_model(cfg, task, out_dir: Path) -> None:
     with torch.random.fork_rng():
         torch.manual_seed(cfg.train.seed)
         losses = warm_up(model, tokenizer, task, steps=cfg.warmup.steps, batch_size=cfg.warmup.batch_size,
-                         lr=cfg.warmup.lr, seed=cfg.train.seed, train_size=cfg.data.train_size)
+                         lr=cfg.warmup.lr, seed=cfg.train.seed, train_size=cfg.data.train_size, report=report)
     if losses:
         log.info("warm-up: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     out_dir.mkdir(parents=True, exist_ok=True)
