@@ -110,11 +110,11 @@ class OptimConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(60, ge=0)
+    steps: int = Field(150, ge=0)
     seed: int = 0
     save_every: int = Field(0, ge=0, description="checkpoint every K steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=0)
-    eval_every: int = Field(20, ge=0)
+    eval_every: int = Field(25, ge=0)
     output_dir: str | None = Field(None, description="run directory; default runs/<preset>-<time>")
     max_nan_steps: int = Field(3, ge=1, description="abort after this many consecutive non-finite steps")
     on_save_error: Literal["abort", "continue"] = Field(
