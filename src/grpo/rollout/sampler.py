@@ -1,12 +1,18 @@
 """KV-cached sampling of G completions per prompt, with the prompt computed once per group.
 
-    prefill the P distinct prompts once            (P, L) -> KV cache of P rows
-    repeat each cache row G times                   -> KV cache of N = P*G rows (no prompt recompute)
-    decode: sample, append, one cached step         until every row has emitted EOS or max_new_tokens
-    rows that finished are dropped from the cache   (finished sequences stop costing)
+    prefill the P distinct prompts once             (P, L) -> KV cache of P rows
+    share it with the G samples of each prompt       -> N = P*G decoding rows (decode.py: the prompt's
+                                                        keys/values are kept once per prompt, not G times)
+    decode: sample, append in place, one cached step until every row has emitted EOS or max_new_tokens
+    finished rows leave the batch                    (finished sequences stop costing)
 
-Sampling is temperature / top-p; `temperature=0` means greedy. The log-probability of each sampled token
-under the sampling distribution is kept.
+Finished rows leave the batch once they are at least 1/8 of it, so a compaction, which copies the generated
+part of the cache, is paid rarely; until then they ride along and their samples are ignored.
+
+Sampling is temperature / top-p; `temperature=0` means greedy. All the randomness of a call is one
+(N, T) tensor of uniforms drawn up front and each token is the inverse CDF at its own uniform, so the
+tokens do not depend on batching or compaction (the tests compare them with an uncached reference). The
+log-probability of each sampled token under the sampling distribution is kept.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.models.forward import cache_kwargs, output_cache, position_ids_from_mask
+from grpo.rollout.decode import LeanDecoder, expand_cache
 from grpo.types import Prompt, Rollouts
 
 
@@ -40,8 +47,10 @@ def encode_prompts(tokenizer, prompts: list[Prompt], max_prompt_tokens: int | No
     return prompt_ids, prompt_mask
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (B, V) -> (tokens (B,), logp (B,)) under the tempered, top-p truncated distribution."""
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor | None):
+    """logits (B, V), uniforms u (B,) in [0, 1) -> (tokens (B,), logp (B,)) under the tempered, top-p
+    truncated distribution. The token is the inverse CDF at u, so a row's token depends on its own logits
+    and uniform only. temperature 0 is greedy (u unused)."""
     if temperature == 0:
         logp = torch.log_softmax(logits.float(), -1)
         tok = logp.argmax(-1)
@@ -49,18 +58,29 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator) -
     logp = torch.log_softmax(logits.float() / temperature, -1)
     if top_p < 1.0:
         sorted_logp, order = logp.sort(-1, descending=True)
-        cum = sorted_logp.exp().cumsum(-1)
-        drop = cum - sorted_logp.exp() > top_p  # keep the smallest prefix whose mass reaches top_p
+        probs = sorted_logp.exp()
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
         sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
         logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp)
         logp = torch.log_softmax(logp, -1)
-    tok = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+    cdf = logp.exp().cumsum(-1)
+    # right=True picks the first index whose cdf exceeds u*total, which has positive probability; the factor
+    # keeps u*total below the total despite rounding.
+    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:] * (1 - 1e-6)
+    tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 
 @dataclass
 class Sampler:
-    """Samples completions from a causal LM with the Hugging Face forward and its KV cache."""
+    """Samples completions from a causal LM with its KV cache (decode.py: the prompt shared by its group; Llama-family
+    models decode through LeanDecoder, others through their own forward).
+
+    `generate(prompts, n, generator=...)`: `generator` is one torch.Generator for the call, or a list with one per
+    prompt (each group's samples then depend only on its own generator, whatever the batch around it).
+    min_new_tokens: EOS cannot be sampled before this many tokens (as in `transformers`' generate); the
+    benchmark sets it to max_new_tokens to fix the token count.
+    """
 
     model: torch.nn.Module
     tokenizer: object
@@ -68,53 +88,87 @@ class Sampler:
     temperature: float = 1.0
     top_p: float = 1.0
     max_prompt_tokens: int | None = None
+    min_new_tokens: int = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[Prompt], n: int, *, generator: torch.Generator | None = None,
+    def generate(self, prompts: list[Prompt], n: int, *,
+                 generator: torch.Generator | list[torch.Generator] | None = None,
                  temperature: float | None = None) -> Rollouts:
         temperature = self.temperature if temperature is None else temperature
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        ids, mask = prompt_ids.to(device), prompt_mask.to(device)
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        N, T = len(prompts) * n, self.max_new_tokens
+        if isinstance(generator, (list, tuple)):  # one per prompt: a group's samples depend on its own only
+            if len(generator) != len(prompts):
+                raise ValueError(f"got {len(generator)} generators for {len(prompts)} prompts")
+            uniforms = torch.cat([torch.rand((n, T), generator=g, device=g.device).to(device) for g in generator])
+        else:
+            uniforms = torch.rand((N, T), generator=generator,
+                                  device=generator.device if generator is not None else device).to(device)
         was_training = self.model.training
         self.model.eval()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                         use_cache=True, logits_to_keep=1)
-        cache = output_cache(out)
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
-        mask = mask.repeat_interleave(n, 0)
-        N, T = logits.shape[0], self.max_new_tokens
+        try:
+            tokens, logps, lengths = self._decode(prompt_ids, prompt_mask, n, uniforms, temperature)
+        finally:
+            self.model.train(was_training)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        tokens = torch.full((N, T), pad, dtype=torch.long, device=device)
-        logps = torch.zeros((N, T), device=device)
-        lengths = torch.full((N,), T, dtype=torch.long, device=device)
-        alive = torch.arange(N, device=device)  # rows of the full batch still decoding, in cache order
-        for t in range(T):
-            tok, lp = _sample(logits, temperature, self.top_p, generator)
-            tokens[alive, t] = tok
-            logps[alive, t] = lp
-            done = tok == eos
-            lengths[alive[done]] = t + 1
-            if t == T - 1 or bool(done.all()):
-                break
-            if bool(done.any()):  # compact: finished rows leave the cache and stop costing compute
-                keep = (~done).nonzero()[:, 0]
-                cache.batch_select_indices(keep)
-                alive, tok, mask = alive[keep], tok[keep], mask[keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            pos = mask.sum(-1, keepdim=True) - 1
-            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos,
-                                use_cache=True, **cache_kwargs(self.model, cache)).logits[:, -1]
-        self.model.train(was_training)
-        steps = torch.arange(T, device=device)
-        completion_mask = (steps[None, :] < lengths[:, None]).long()
+        completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()
         tokens = tokens.masked_fill(completion_mask == 0, pad)
         logps = logps * completion_mask
         ended = (tokens == eos).any(-1)
         texts = self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
         return Rollouts(
-            prompts=list(prompts), group_size=n, prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device),
+            prompts=list(prompts), group_size=n, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
             completion_ids=tokens, completion_mask=completion_mask, logp=logps, truncated=~ended, texts=texts,
         )
+
+    def _decode(self, prompt_ids, prompt_mask, n: int, uniforms, temperature: float):
+        """(tokens (N, T), logp (N, T), lengths (N,)); positions past a row's length are garbage."""
+        model, device = self.model, prompt_ids.device
+        (P, L), T = prompt_ids.shape, self.max_new_tokens
+        N = P * n
+        eos = self.tokenizer.eos_token_id
+        positions = position_ids_from_mask(prompt_mask)
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+        lean = LeanDecoder.for_model(model)
+        cache, grouped = expand_cache(output_cache(out), prompt_mask, n, T, grouped=lean is not None)
+        step = lean if grouped else None
+        logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
+        del out
+        # the attention mask of the whole run, written once; step t passes its first L+t+1 columns
+        mask = torch.ones((N, L + T), dtype=torch.long, device=device)
+        mask[:, :L] = prompt_mask.repeat_interleave(n, 0)
+        pos = positions[:, -1:].repeat_interleave(n, 0)  # (N, 1) position of the last token fed
+        tokens = torch.zeros((N, T), dtype=torch.long, device=device)
+        logps = torch.zeros((N, T), device=device)
+        lengths = torch.full((N,), T, dtype=torch.long, device=device)
+        rows = torch.arange(N, device=device)  # batch row -> full-batch row (changes on compaction)
+        live = torch.ones(N, dtype=torch.bool, device=device)  # batch rows still decoding
+        n_live = N
+        for t in range(T):
+            if t < self.min_new_tokens and eos is not None:
+                logits[:, eos] = float("-inf")
+            tok, lp = sample_tokens(logits, temperature, self.top_p, uniforms[rows, t])
+            tokens[rows, t] = tok  # rows that already ended write garbage past their length
+            logps[rows, t] = lp
+            done = (tok == eos) & live
+            n_done = int(done.sum()) if eos is not None else 0
+            if n_done:
+                lengths[rows[done]] = t + 1
+                live = live & ~done
+                n_live -= n_done
+            if t == T - 1 or n_live == 0:
+                break
+            if (live.numel() - n_live) * 8 >= live.numel():  # compact: finished rows stop costing
+                keep = live.nonzero()[:, 0]
+                cache.batch_select_indices(keep)
+                mask, pos, rows, tok, live = mask[keep], pos[keep], rows[keep], tok[keep], live[keep]
+            pos = pos + 1
+            if step is not None:
+                logits = step(tok, pos, cache)
+            else:
+                logits = model(input_ids=tok[:, None], attention_mask=mask[:, :L + t + 1], position_ids=pos,
+                               use_cache=True, **cache_kwargs(model, cache)).logits[:, -1]
+        return tokens, logps, lengths

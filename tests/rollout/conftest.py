@@ -1,0 +1,18 @@
+"""Fixtures of the rollout tests; helpers live in rollout_helpers.py (a unique module name: every test folder
+has a conftest)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from grpo.models.builtin import build_tokenizer
+
+    return build_tokenizer()

@@ -1,0 +1,40 @@
+"""Test helpers of tests/rollout: tiny random Llama / Qwen2 / Qwen3 models on the built-in character tokenizer,
+and prompts of different lengths (so left padding is exercised). Everything is built in memory."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo.types import Prompt
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
+    """2 layers, 4 query heads sharing 2 key/value heads (GQA), fp32, eval-independent (no dropout)."""
+    import transformers
+
+    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
+    config_cls, model_cls = (getattr(transformers, name) for name in classes[arch])
+    kwargs = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                  tie_word_embeddings=eos_bias is None)
+    if arch == "qwen3":
+        kwargs["head_dim"] = 8
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_cls(config_cls(**kwargs)).float()
+        if eos_bias is not None:  # an output head that favours EOS: rows end early, at different steps
+            head = torch.nn.Linear(32, len(tok), bias=True)
+            with torch.no_grad():
+                head.weight.copy_(model.lm_head.weight)
+                head.bias.zero_()
+                head.bias[tok.eos_token_id] = eos_bias
+            model.lm_head = head
+    return model
+
+
+def make_prompts(texts=("What is 12 + 30?\n", "hi", "What is 7 - 3?\n", "a")):
+    return [Prompt(uid=f"p{i}", text=t, answer="0") for i, t in enumerate(texts)]

@@ -1,0 +1,156 @@
+"""completion_logits computes each prompt once per group; its logits and gradients equal the unshared computation
+over the N full sequences (fp32), for the policy pass (with gradients) and the no-grad old-logprob / reference
+passes, with left-padded prompts of different lengths and right-padded completions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_helpers import ARCHS, make_prompts, tiny_model
+
+from grpo.models.forward import completion_logits, unshared_completion_logits
+from grpo.rollout import encode_prompts
+from grpo.train import update
+
+
+def batch(tok, G=3, T=7, seed=0, prompts=None):
+    """Left-padded prompts (lengths 1 to 17), completions of lengths 1..T (right padding)."""
+    prompt_ids, prompt_mask = encode_prompts(tok, prompts or make_prompts())
+    N = prompt_ids.shape[0] * G
+    g = torch.Generator().manual_seed(seed)
+    completion_ids = torch.randint(3, len(tok), (N, T), generator=g)
+    lengths = torch.randint(1, T + 1, (N,), generator=g)
+    lengths[0] = T
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    completion_ids = completion_ids.masked_fill(mask == 0, tok.pad_token_id)
+    return prompt_ids, prompt_mask, completion_ids, mask
+
+
+def assert_grad_close(got, want, name=""):
+    """fp32 tolerance for sums over many terms in a different order: relative to the gradient's own scale."""
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6 * max(1.0, float(want.abs().max())), msg=name)
+
+
+def logits_and_grads(fn, model, args, weights):
+    model.zero_grad(set_to_none=True)
+    logits = fn(model, *args)
+    mask = args[3]
+    (logits * weights * mask[..., None]).sum().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_and_gradients_equal_the_unshared_computation(tok, arch):
+    model = tiny_model(arch, tok)
+    model.train()
+    G = 3
+    prompt_ids, prompt_mask, completion_ids, mask = batch(tok, G)
+    args = (prompt_ids, prompt_mask, completion_ids, mask, G)
+    weights = torch.randn(completion_ids.shape[0], completion_ids.shape[1], len(tok),
+                          generator=torch.Generator().manual_seed(1))
+    shared, g_shared = logits_and_grads(completion_logits, model, args, weights)
+    plain, g_plain = logits_and_grads(unshared_completion_logits, model, args, weights)
+    assert shared.shape == plain.shape == (*completion_ids.shape, len(tok))
+    m = mask.bool()
+    torch.testing.assert_close(shared[m], plain[m], rtol=1e-5, atol=1e-5)
+    assert g_shared.keys() == g_plain.keys() and len(g_shared) == len(list(model.parameters()))
+    for name in g_plain:
+        assert_grad_close(g_shared[name], g_plain[name], name)
+
+
+def test_prompt_tokens_are_computed_once_per_group(tok):
+    model = tiny_model("llama", tok)
+    G = 4
+    prompt_ids, prompt_mask, completion_ids, mask = batch(tok, G)
+    seen = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel()))
+    completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, G)
+    shared = sum(seen)
+    seen.clear()
+    unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, G)
+    handle.remove()
+    (P, L), (N, T) = prompt_ids.shape, completion_ids.shape
+    assert shared == P * (L - 1) + N * T  # the prompt once per group (its last token rides with the completions)
+    assert sum(seen) == N * (L + T)
+
+
+def _policy_batch(tok, G, seed):
+    from grpo.train.update import PolicyBatch
+
+    prompt_ids, prompt_mask, completion_ids, mask = batch(tok, G, seed=seed)
+    adv = torch.randn(completion_ids.shape[0], generator=torch.Generator().manual_seed(seed))
+    return PolicyBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                       mask=mask.float(), adv=adv, group_size=G)
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2"))
+def test_policy_old_and_reference_passes_equal_the_unshared_ones(tok, arch, monkeypatch):
+    """The trainer's own entry points: batch_logprobs (pi_old when mu > 1, pi_ref when beta > 0) and the
+    policy update's gradient, shared vs. unshared, with micro-batches of whole groups."""
+    from grpo.config import Config
+
+    cfg = Config()
+    cfg.kl.coef = 0.05
+    cfg.algo.epochs = 2
+    cfg.optim.micro_batch_tokens = 120  # several micro-batches
+    policy, ref = tiny_model(arch, tok, seed=0), tiny_model(arch, tok, seed=1)
+    results = []
+    for fn in (completion_logits, unshared_completion_logits):
+        monkeypatch.setattr(update, "completion_logits", fn)
+        b = _policy_batch(tok, G=3, seed=4)
+        b.old_logp = update.batch_logprobs(policy, b, cfg.optim.micro_batch_tokens, 0.9)
+        b.ref_logp = update.batch_logprobs(ref, b, cfg.optim.micro_batch_tokens, 0.9)
+        assert len(list(b.group_chunks(cfg.optim.micro_batch_tokens))) > 1
+        policy.zero_grad(set_to_none=True)
+        logp, _ = update.completion_logprobs(policy, b, slice(None), slice(None), 0.9)
+        loss = -(logp * b.adv[:, None] * b.mask).sum() + (logp - b.ref_logp).pow(2).mul(b.mask).sum()
+        loss.backward()
+        results.append((b.old_logp, b.ref_logp, {n: p.grad.clone() for n, p in policy.named_parameters()}))
+    (old_s, ref_s, g_s), (old_u, ref_u, g_u) = results
+    torch.testing.assert_close(old_s, old_u, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ref_s, ref_u, rtol=1e-5, atol=1e-5)
+    for name in g_u:
+        assert_grad_close(g_s[name], g_u[name], name)
+
+
+def test_policy_update_steps_identically(tok, monkeypatch):
+    """One whole policy_update (clipped surrogate, KL, micro-batches, clipping, AdamW) lands on the same weights."""
+    from grpo.config import Config
+    from grpo.train.optim import build_optimizer
+
+    cfg = Config()
+    cfg.kl.coef = 0.05
+    cfg.optim.micro_batch_tokens = 120
+    weights = []
+    for fn in (completion_logits, unshared_completion_logits):
+        monkeypatch.setattr(update, "completion_logits", fn)
+        policy = tiny_model("qwen2", tok, seed=0)
+        b = _policy_batch(tok, G=3, seed=7)
+        b.ref_logp = update.batch_logprobs(tiny_model("qwen2", tok, seed=1), b, 120, 1.0)
+        opt, sched = build_optimizer(policy.parameters(), cfg.optim, 4)
+        update.policy_update(policy, opt, sched, b, cfg)
+        weights.append([p.detach().clone() for p in policy.parameters()])
+    for a, b_ in zip(*weights):
+        torch.testing.assert_close(a, b_, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_checkpointing_and_degenerate_shapes_take_the_plain_path(tok):
+    model = tiny_model("llama", tok)
+    prompt_ids, prompt_mask, completion_ids, mask = batch(tok, 2)
+    w = torch.randn(*completion_ids.shape, len(tok))
+    plain, g_plain = logits_and_grads(unshared_completion_logits, model, (prompt_ids, prompt_mask, completion_ids,
+                                                                          mask, 2), w)
+    model.gradient_checkpointing_enable()
+    model.train()
+    got, g_got = logits_and_grads(completion_logits, model, (prompt_ids, prompt_mask, completion_ids, mask, 2), w)
+    torch.testing.assert_close(got[mask.bool()], plain[mask.bool()], rtol=1e-5, atol=1e-5)
+    for name in g_plain:
+        assert_grad_close(g_got[name], g_plain[name], name)
+    model.gradient_checkpointing_disable()
+    # one-token prompts (L = 1) and groups of one (G = 1)
+    one = make_prompts(("a", "b"))
+    for G, prompts in ((2, one), (1, make_prompts())):
+        args = batch(tok, G, prompts=prompts) + (G,)
+        torch.testing.assert_close(completion_logits(model, *args), unshared_completion_logits(model, *args))
+    with pytest.raises(ValueError, match="group_size"):
+        completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, 3)

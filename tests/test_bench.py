@@ -1,0 +1,45 @@
+"""`grpo bench --json` runs end to end on the quick (tiny) plan and prints/writes the documented object.
+Timings live in the benchmark, never in these assertions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from grpo.bench import fit_exponent
+
+RUN_KEYS = {"model", "shape", "group_size", "step_s", "floor_s", "step_over_floor", "gen_tokens_per_s",
+            "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "peak_rss_mb"}
+
+
+@pytest.mark.slow
+def test_bench_json_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-c", "import sys; from grpo.cli import main; sys.exit(main())", "bench",
+                           "--json", "--quick", "--output", str(out)], check=False, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])  # --json: the object is printed last
+    assert printed == json.loads(out.read_text())
+    runs = printed["runs"]
+    assert runs[0]["model"] == "builtin" and runs[0]["shape"] == "default"
+    models = list(dict.fromkeys(r["model"] for r in runs))
+    shapes = list(dict.fromkeys(r["shape"] for r in runs))
+    Gs = sorted({r["group_size"] for r in runs})
+    assert len(models) == 2 and len(shapes) == 2 and len(runs) == len(models) * len(shapes) * len(Gs)
+    for r in runs:
+        assert RUN_KEYS <= r.keys()
+        assert all(r[k] > 0 for k in RUN_KEYS - {"model", "shape"})
+        assert r["gen_tokens"] == r["prompts"] * r["group_size"] * r["completion_tokens"]
+        assert set(r["stages"]) == {"generate_s", "reward_s", "logprob_s", "backward_optimizer_s"}
+    assert printed["exponents"]["group_size"] and printed["exponents"]["completion_length"]
+    assert {a["check"] for a in printed["acceptance"]}
+    assert "step/floor" in proc.stdout and "exponent" in proc.stdout
+
+
+def test_fit_exponent():
+    assert fit_exponent([1, 2, 4, 8], [3, 6, 12, 24]) == pytest.approx(1.0)
+    assert fit_exponent([2, 4, 8], [5, 5 * 2 ** 0.5, 10]) == pytest.approx(0.5)
