@@ -295,7 +295,7 @@ def _finish(result: dict, out_dir: Path, args) -> int:
 
 # ---------------------------------------------------------------------------------------------- table and plot
 def _mb(n: float) -> str:
-    return f"{n / 2**20:.2f} MB"
+    return f"{n / 2**20:.2f} MiB"
 
 
 def _pm(run: dict, key: str, fmt: str, seeds: int) -> str:
@@ -321,7 +321,7 @@ def table_rows(result: dict) -> list[tuple[str, str, list[str]]]:
         baseline.append(f"group mean (G={G})" if r["advantage"] != "gae" else
                         "value model: GAE over V(s_t)")
         state.append(_mb(r["model_state_bytes"]) + ratio(name, "model_state_bytes"))
-        rss.append(_pm(r, "peak_rss_mb", ".0f", n_seeds) + " MB" + ratio(name, "peak_rss_mb"))
+        rss.append(_pm(r, "peak_rss_mb", ".0f", n_seeds) + " MiB" + ratio(name, "peak_rss_mb"))
         step.append(_pm(r, "step_s", ".3f", n_seeds) + " s" + ratio(name, "step_s"))
         cpu.append(_pm(r, "step_cpu_s", ".3f", n_seeds) + " s" + ratio(name, "step_cpu_s"))
         update.append(f"{r['update_s']:.3f} s" + ratio(name, "update_s"))

@@ -160,6 +160,17 @@ def test_value_model_is_a_copy_and_aligned_with_completion_logits():
     assert torch.allclose(v[:, :4], v2[:, :4], atol=1e-6) and not torch.allclose(v[0, 4:], v2[0, 4:])
 
 
+def test_value_model_of_a_lora_policy_is_a_full_copy():
+    peft = pytest.importorskip("peft")
+    policy = peft.get_peft_model(tiny_policy(), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    value = ValueModel.from_policy(policy)
+    assert not {p.data_ptr() for p in policy.parameters()} & {p.data_ptr() for p in value.parameters()}
+    assert all(p.requires_grad for p in value.parameters())
+    batch = random_batch()
+    v = value.completion_values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.mask, 2)
+    assert v.shape == batch.mask.shape  # hidden states through the head, not the LM's logits
+
+
 def test_critic_gets_gradients_from_the_value_loss_only():
     cfg = ppo_cfg("kl.coef=0.05")
     policy = tiny_policy()

@@ -27,7 +27,12 @@ __all__ = ["ValueModel", "backbone_of"]
 
 
 def backbone_of(model) -> nn.Module:
-    """The decoder stack of a causal LM (`model.model` for Llama/Qwen2), without its output head."""
+    """The decoder stack of a causal LM (`model.model` for Llama/Qwen2), without its output head.
+
+    For a PEFT (LoRA) policy it is the backbone of the underlying model, adapter layers included; the critic copied
+    from it trains all of its parameters."""
+    if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+        model = model.get_base_model()
     base = getattr(model, "base_model", None)
     if base is not None and base is not model:
         return base
