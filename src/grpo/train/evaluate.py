@@ -16,6 +16,9 @@ def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, ma
     completions: list[str] = []
     for i in range(0, len(prompts), batch_size):
         completions += sampler.generate(prompts[i:i + batch_size], 1).texts
-    correct = [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
+    if hasattr(task, "is_correct_batch"):  # e.g. the code task: its programs run concurrently in the sandbox
+        correct = [bool(x) for x in task.is_correct_batch(prompts, completions)]
+    else:
+        correct = [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
     return {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
             "completions": completions}

@@ -1,4 +1,4 @@
-"""Shared helpers for the reward tests: a leak check for sandboxed and forked processes."""
+"""Shared test helpers: a leak check for sandboxed and forked processes (used by the reward and code-task tests)."""
 
 from __future__ import annotations
 
