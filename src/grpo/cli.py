@@ -56,12 +56,18 @@ def _eval(args) -> int:
     path = Path(args.model_dir)
     run_cfg = path.parent / "config.yaml"
     cfg = load_config(run_cfg if run_cfg.exists() else None)
-    task = get_task(args.task or cfg.data.task, difficulty=args.difficulty or cfg.data.difficulty)
     model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
     tokenizer = load_tokenizer(path)
+    if args.task is None and cfg.data.path is not None:  # a run on a data set file: its held-out rows
+        from grpo.data.files import FileTask
+
+        task = FileTask.from_config(cfg, tokenizer=tokenizer)
+    else:
+        task = get_task(args.task or cfg.data.task, difficulty=args.difficulty or cfg.data.difficulty)
     n = args.n or cfg.eval.n
     res = evaluate_model(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
-                         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
+                         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                         max_prompt_tokens=cfg.data.max_prompt_tokens)
     out = {"accuracy": res["accuracy"], "n": res["n"], "task": task.name, "model": str(path)}
     print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} on {res['n']} held-out problems")
     return 0
@@ -102,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="held-out greedy accuracy of a saved model directory")
     e.add_argument("model_dir")
-    e.add_argument("--task", help="task name (default: the run's, or arithmetic)")
+    e.add_argument("--task", help="built-in task name (default: the run's task or data set file, else arithmetic)")
     e.add_argument("--difficulty", help="task difficulty (default: the run's)")
     e.add_argument("--n", type=int, help="number of held-out problems (default: the run's eval.n)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_eval)
     c = sub.add_parser("compare", help="PPO vs GRPO on the same work, measured")
+    c.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted config overrides applied to every run, e.g. rollout.group_size=16")
     c.add_argument("--steps", type=int, default=60)
     c.add_argument("--seeds", type=int, default=1)
     c.add_argument("--output-dir", default=None)

@@ -1,6 +1,6 @@
 """`grpo compare`: GRPO (beta = 0), GRPO (beta = 0.04) and PPO on the same work, measured, beside the seed's table.
 
-    grpo compare [--steps N] [--seeds K] [--output-dir DIR] [--json]
+    grpo compare [KEY=VALUE ...] [--steps N] [--seeds K] [--output-dir DIR] [--json]
 
 Same work: every run uses the same built-in model (warmed up once, here, before any run starts), task, held-out
 problems, train.seed, rollout.prompts_per_step P and rollout.group_size G (so the same P*G completions per step and
@@ -14,7 +14,8 @@ timings are its own. Measured per run: the networks resident (policy, reference,
 program, not a network), the bytes of parameters + gradients + optimizer state, peak RSS, seconds per step
 (`perf/step_s`, training only, evaluation excluded), and held-out accuracy (greedy pass@1) against steps, completions
 seen and training seconds. Output: `compare.json`, `plots/compare_accuracy.png` and the runs under the output dir.
-Extra dotted config overrides for all runs may be given in $GRPO_COMPARE_OVERRIDES (space-separated).
+Dotted config overrides (`rollout.group_size=16`) apply to every run; settings of SAME_WORK that they make differ
+between the runs are refused. $GRPO_COMPARE_OVERRIDES (space-separated) is appended to them.
 """
 
 from __future__ import annotations

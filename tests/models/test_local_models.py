@@ -40,3 +40,20 @@ def test_two_steps_on_a_local_model_from_a_chat_jsonl(model_dirs, chat_data, tmp
 def test_dtype_is_fp32_on_cpu_and_bf16_on_gpu():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+def test_grpo_eval_of_a_data_file_run_uses_its_held_out_rows(model_dirs, chat_data, tmp_path, capsys):
+    from grpo.cli import main
+
+    run = tmp_path / "run"
+    trainer = Trainer(load_config(None, small_run(model_dirs["qwen2"], chat_data, run, "eval.n=4")))
+    try:
+        summary = trainer.train()
+        held_out = [p.text for p in trainer.eval_prompts]
+    finally:
+        trainer.close()
+    capsys.readouterr()
+    assert main(["eval", str(run / "final"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["task"] == "file" and result["n"] == summary["eval/n"] == len(held_out) == 4
+    assert result["accuracy"] == summary["eval/accuracy_after"]

@@ -147,8 +147,9 @@ class FileTask:
         self._cache: dict[str, list[Prompt]] = {}
 
     @classmethod
-    def from_config(cls, cfg, reward_functions=None) -> FileTask:
-        """The task of `data.path`; the tokenizer (for chat templates) is that of `model.name`, loaded if needed."""
+    def from_config(cls, cfg, reward_functions=None, tokenizer=None) -> FileTask:
+        """The task of `data.path`; the tokenizer (for chat templates) is `tokenizer`, else that of `model.name`,
+        loaded if needed."""
         d = cfg.data
         rewards = reward_functions if reward_functions is not None else cfg.reward.functions
         if not rewards:
@@ -156,7 +157,7 @@ class FileTask:
                              "(e.g. reward.functions=[exact_answer])")
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
-                   test_split=d.test_split, tokenizer_loader=lambda: _model_tokenizer(cfg),
+                   test_split=d.test_split, tokenizer_loader=lambda: tokenizer if tokenizer is not None else _model_tokenizer(cfg),
                    keep_empty=getattr(d, "filter_long_prompts", False))
 
     # ------------------------------------------------------------------ reading and validation
