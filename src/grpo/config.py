@@ -134,6 +134,8 @@ class WarmupConfig(_Section):
     steps: int = Field(1000, ge=0)
     batch_size: int = Field(64, ge=1)
     lr: float = Field(3e-3, gt=0.0)
+    seed: int = Field(0, ge=0, description="seed of the built-in model's initialisation and warm-up; independent of "
+                                           "train.seed, as a downloaded checkpoint is the same for every RL seed")
 
 
 class LogConfig(_Section):

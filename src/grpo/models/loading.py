@@ -28,12 +28,11 @@ def builtin_spec(cfg) -> dict:
     from grpo.models.builtin import TINY
 
     return {
-        "version": 2,
+        "version": 3,
         "size": TINY,
         "task": cfg.data.task,
         "difficulty": cfg.data.difficulty,
-        "warmup": cfg.warmup.model_dump(),
-        "seed": cfg.train.seed,
+        "warmup": cfg.warmup.model_dump(),  # its seed included; train.seed is not: it seeds the RL only
     }
 
 

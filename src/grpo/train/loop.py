@@ -46,7 +46,7 @@ log = logging.getLogger("grpo.train")
 # reference model of the built-in model): refuse. Every other change is allowed and printed.
 INCOMPATIBLE = ["model.name", "rollout.group_size", "rollout.prompts_per_step", "data.task", "data.difficulty",
                 "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
-                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr"]
+                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
 
 
 class NonFiniteError(RuntimeError):

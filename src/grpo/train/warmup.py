@@ -67,11 +67,11 @@ def build_warm_model(cfg, task, out_dir: Path, report=None) -> None:
 
     task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=cfg.train.seed)
+    model = build_model(tokenizer, seed=cfg.warmup.seed)
     with torch.random.fork_rng():
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(cfg.warmup.seed)
         losses = warm_up(model, tokenizer, task, steps=cfg.warmup.steps, batch_size=cfg.warmup.batch_size,
-                         lr=cfg.warmup.lr, seed=cfg.train.seed, train_size=cfg.data.train_size, report=report)
+                         lr=cfg.warmup.lr, seed=cfg.warmup.seed, train_size=cfg.data.train_size, report=report)
     if losses:
         log.info("warm-up: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     out_dir.mkdir(parents=True, exist_ok=True)
