@@ -84,6 +84,9 @@ class AlgoConfig(_Section):
     aggregate: Literal["seq_mean_token_mean", "token_mean", "seq_sum_norm"] = "seq_mean_token_mean"
     epochs: int = Field(1, ge=1, description="mu: policy updates per rollout batch")
     drop_zero_std_groups: bool = False
+    mask_truncated: bool = Field(False, description="DAPO's overlong filtering: completions cut at max_new_tokens "
+                                                   "without EOS add no token to the loss (they still count in their "
+                                                   "group's reward statistics and in the 1/G of the aggregation)")
     max_resample_batches: int = Field(4, ge=1, description="dynamic sampling: generation rounds per step at most")
     # PPO (advantage = gae)
     gamma: float = Field(1.0, ge=0.0, le=1.0)

@@ -38,17 +38,10 @@ def _buffer(x: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
     return buf.view(B * repeats, H, S + capacity, D)
 
 
-class BufferedLayer(DynamicLayer):
-    """A prefilled DynamicLayer of P rows, each repeated `repeats` times into a buffer with room for `capacity`
-    more tokens; `keys`/`values` are views of the filled part. DynamicLayer's protocol otherwise."""
-
-    def __init__(self, layer: DynamicLayer, repeats: int, capacity: int):
-        super().__init__()
-        self.device = layer.keys.device
-        self._k, self._v = _buffer(layer.keys, repeats, capacity), _buffer(layer.values, repeats, capacity)
-        self._n = layer.keys.shape[-2]
-        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
-        self.is_initialized = True
+class _AppendInPlace(DynamicLayer):
+    """A cache layer over preallocated buffers `_k`/`_v` (B, H, capacity, D) whose first `_n` positions are filled:
+    `update` writes the new tokens in place (growing only if out of room) and `keys`/`values` are views of the
+    filled part. Subclasses set `_k`, `_v` and `_n`."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         n, q = self._n, key_states.shape[-2]
@@ -60,12 +53,25 @@ class BufferedLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
         return self.keys, self.values
 
-    def get_seq_length(self) -> int:
-        return self._n
-
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
         self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+
+
+class BufferedLayer(_AppendInPlace):
+    """A prefilled DynamicLayer of P rows, each repeated `repeats` times into a buffer with room for `capacity`
+    more tokens; `keys`/`values` are views of the filled part. DynamicLayer's protocol otherwise."""
+
+    def __init__(self, layer: DynamicLayer, repeats: int, capacity: int):
+        super().__init__()
+        self.device = layer.keys.device
+        self._k, self._v = _buffer(layer.keys, repeats, capacity), _buffer(layer.values, repeats, capacity)
+        self._n = layer.keys.shape[-2]
+        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self._n
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("BufferedLayer is built already repeated")
@@ -74,7 +80,7 @@ class BufferedLayer(DynamicLayer):
         raise NotImplementedError("BufferedLayer does not crop")
 
 
-class GroupedPrefixLayer(DynamicLayer):
+class GroupedPrefixLayer(_AppendInPlace):
     """One copy of each prompt's keys/values (P, H, L, D) shared by its G rows, plus an in-place buffer
     (N, H, capacity, D) for the generated tokens. `update` stores the new token and returns the generated
     part; `attend` (called by the registered attention function) adds the shared prompt part."""
@@ -97,22 +103,11 @@ class GroupedPrefixLayer(DynamicLayer):
         self.keys, self.values = self._k[:, :, :0], self._v[:, :, :0]
         self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        n, q = self._n, key_states.shape[-2]
-        if n + q > self._k.shape[-2]:
-            self._k, self._v = (_buffer(x[:, :, :n], 1, max(q, 16)) for x in (self._k, self._v))
-        self._k[:, :, n:n + q] = key_states
-        self._v[:, :, n:n + q] = value_states
-        self._n = n + q
-        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
-        return self.keys, self.values
-
     def get_seq_length(self) -> int:
         return self._L + self._n
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k, self._v = self._k.index_select(0, indices), self._v.index_select(0, indices)
-        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+        super().batch_select_indices(indices)
         self.rows = indices if self.rows is None else self.rows.index_select(0, indices)
 
     def batch_repeat_interleave(self, repeats: int) -> None:

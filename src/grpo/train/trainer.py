@@ -157,8 +157,11 @@ class Trainer:
 
     def _policy_batch(self, rollouts: Rollouts) -> PolicyBatch:
         cfg = self.cfg
+        mask = rollouts.completion_mask.float()
+        if cfg.algo.mask_truncated:  # a cut-off completion's reward says little about its tokens (DAPO section 3.3)
+            mask = mask * (~rollouts.truncated).to(mask.dtype)[:, None]
         batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
-                            completion_ids=rollouts.completion_ids, mask=rollouts.completion_mask.float(),
+                            completion_ids=rollouts.completion_ids, mask=mask,
                             adv=torch.zeros(rollouts.num_completions, device=self.device),
                             group_size=rollouts.group_size)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
