@@ -76,3 +76,14 @@ def test_yaml_file_with_extends(tmp_path):
 
 def test_default_config_is_valid():
     assert Config().preset == "grpo"
+
+
+def test_every_preset_describes_itself(capsys):
+    from grpo.cli import main
+    from grpo.config import preset_summary
+
+    for name in list_presets():
+        assert len(preset_summary(name)) > 20, f"preset {name} has no header comment"
+    assert main(["train", "--list-presets"]) == 0
+    out = capsys.readouterr().out
+    assert "code\n" in out and "DAPO (arXiv 2503.14476)" in out

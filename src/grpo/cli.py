@@ -17,10 +17,14 @@ EPILOG = """examples:
 
 
 def _train(args) -> int:
-    from grpo.config import load_config, list_presets
+    from grpo.config import list_presets, load_config, preset_summary
 
     if args.list_presets:
-        print("\n".join(list_presets()))
+        import textwrap
+
+        for name in list_presets():
+            print(name)
+            print(textwrap.fill(preset_summary(name), 100, initial_indent="    ", subsequent_indent="    "))
         return 0
     overrides = list(args.overrides)
     source = args.preset

@@ -192,6 +192,16 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def preset_summary(name: str) -> str:
+    """A preset's header comment (what it is and which settings it changes), for `grpo train --list-presets`."""
+    comment = []
+    for line in (PRESET_DIR / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("# ").strip())
+    return " ".join(comment)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
