@@ -140,10 +140,9 @@ class Trainer:
         processes: one generator per (step, round, rank); otherwise the global RNG."""
         d, seed, step = self.dist, self.cfg.train.seed, self.step_count
         with generation(self.policy, d):  # FSDP: weights gathered once, decoding without collectives
-            if self.cfg.rollout.seed_per_prompt:
-                parts = [self.sampler.generate([p], G, generator=d.step_generator(seed, step, round_, p.uid,
-                                                                                  self.device)) for p in prompts]
-                return Rollouts.concat(parts, self.tokenizer.pad_token_id)
+            if self.cfg.rollout.seed_per_prompt:  # one call; each group draws from its own generator
+                generators = [d.step_generator(seed, step, round_, p.uid, self.device) for p in prompts]
+                return self.sampler.generate(prompts, G, generator=generators)
             gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
             return self.sampler.generate(prompts, G, generator=gen)
 
