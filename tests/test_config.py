@@ -87,3 +87,18 @@ def test_every_preset_describes_itself(capsys):
     assert main(["train", "--list-presets"]) == 0
     out = capsys.readouterr().out
     assert "code\n" in out and "DAPO (arXiv 2503.14476)" in out
+
+
+def test_list_keys_names_every_field_with_its_default_and_choices(capsys):
+    from grpo.cli import main
+    from grpo.config import describe_keys
+
+    rows = {key: (kind, default) for key, kind, default, _ in describe_keys()}
+    defaults = Config().to_dict()
+    for section, fields in defaults.items():
+        if isinstance(fields, dict):
+            for key in fields:
+                assert f"{section}.{key}" in rows, f"{section}.{key} missing from --list-keys"
+    assert rows["algo.std"] == ("population|sample", "'population'")
+    assert main(["train", "--list-keys"]) == 0
+    assert "warmup.seed" in capsys.readouterr().out

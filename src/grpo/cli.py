@@ -19,6 +19,12 @@ EPILOG = """examples:
 def _train(args) -> int:
     from grpo.config import list_presets, load_config, preset_summary
 
+    if args.list_keys:
+        from grpo.config import describe_keys
+
+        for key, kind, default, text in describe_keys():
+            print(f"{key:<32} {default:<16} {kind}" + (f"\n{'':<33}{text}" if text else ""))
+        return 0
     if args.list_presets:
         import textwrap
 
@@ -109,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--json", action="store_true", help="print summary.json's content at the end")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    t.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="held-out greedy accuracy of a saved model directory")
     e.add_argument("model_dir")

@@ -9,7 +9,7 @@ The resolved config is saved as `config.yaml` in the run directory and loads bac
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -38,7 +38,7 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: str = Field("arithmetic", description="built-in task name (ignored when data.path is set)")
+    task: str = Field("arithmetic", description="built-in task: arithmetic or code (ignored when data.path is set)")
     difficulty: str = Field("default", description="task difficulty level, e.g. arithmetic: easy|default|hard")
     path: str | None = Field(None, description="local JSONL/Parquet/CSV file of training prompts")
     train_size: int = Field(20000, ge=1)
@@ -186,6 +186,28 @@ class Config(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def describe_keys() -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every config field, in declaration order."""
+    rows = []
+    for section, info in Config.model_fields.items():
+        model = info.annotation
+        if not (isinstance(model, type) and issubclass(model, _Section)):
+            continue
+        for key, field in model.model_fields.items():
+            kind = _type_name(field.annotation)
+            rows.append((f"{section}.{key}", kind, repr(field.default), field.description or ""))
+    return rows
+
+
+def _type_name(annotation) -> str:
+    """'int', 'float | None', or a Literal's choices as 'a|b|c'."""
+    if get_origin(annotation) is Literal:
+        return "|".join(map(str, get_args(annotation)))
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
 
 
 def list_presets() -> list[str]:
