@@ -13,7 +13,7 @@ import signal
 
 import pytest
 import torch
-from conftest import varied_reward
+from train_helpers import varied_reward
 
 from grpo.tracking.metrics import read_jsonl
 from grpo.train import checkpoint as ckpt

@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from conftest import (
+from train_helpers import (
     E2E_STEPS,
     assert_same_state,
     deterministic,

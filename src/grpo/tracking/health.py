@@ -17,6 +17,12 @@ CHECKS = {
         "{trunc:.0%} of completions hit rollout.max_new_tokens without ending; they are usually scored as wrong. "
         "Raise rollout.max_new_tokens.",
     ),
+    "logp_diff": (
+        lambda m: m.get("rollout/logp_diff", 0.0) > 0.05,
+        "the sampler's log-probabilities differ from the trainer's by {logp_diff:.3f} nats per token on the same "
+        "tokens: the two do not compute the same policy (low precision, a stale or differently loaded copy), so "
+        "the ratio and the advantages are off-policy. Try model.dtype=float32 or check how the model is loaded.",
+    ),
     "kl": (
         lambda m: m.get("policy/kl", 0.0) > 1.0,
         "the KL to the reference model is {kl:.2f} nats per token and growing: the policy is drifting far from "
@@ -37,7 +43,7 @@ class HealthMonitor:
         """Feed one step's metrics; returns the warnings that fire now (each at most once per run)."""
         out = []
         values = dict(frac=metrics.get("adv/zero_std_frac", 0.0), trunc=metrics.get("rollout/truncated_frac", 0.0),
-                      kl=metrics.get("policy/kl", 0.0))
+                      kl=metrics.get("policy/kl", 0.0), logp_diff=metrics.get("rollout/logp_diff", 0.0))
         for name, (cond, text) in CHECKS.items():
             self._streak[name] = self._streak.get(name, 0) + 1 if cond(metrics) else 0
             if self._streak[name] >= self.patience and name not in self._fired:

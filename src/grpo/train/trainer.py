@@ -162,7 +162,9 @@ class Trainer:
         batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
                             completion_ids=rollouts.completion_ids, mask=mask,
                             adv=torch.zeros(rollouts.num_completions, device=self.device),
-                            group_size=rollouts.group_size)
+                            group_size=rollouts.group_size,
+                            # top-p renormalises the sampler's distribution: its log-probs are not comparable then
+                            sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
         budget, temp = cfg.optim.micro_batch_tokens, cfg.rollout.temperature
         if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()

@@ -21,6 +21,8 @@ class PolicyBatch:
 
     prompt_ids, prompt_mask: (P, L); completion_ids, mask: (N, T) with N = P*G; adv: (N,) or (N, T);
     old_logp, ref_logp: (N, T) or None (old_logp None means mu = 1: the ratio's denominator is logp.detach()).
+    sampler_logp: (N, T) or None, the log-probs the sampler computed for the tokens it drew; compared with the
+        trainer's own in the first epoch (`rollout/logp_diff`): a mismatch means the two compute different policies.
     """
 
     prompt_ids: torch.Tensor
@@ -31,6 +33,7 @@ class PolicyBatch:
     group_size: int
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = None
 
     @property
     def num_groups(self) -> int:
@@ -95,8 +98,9 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
         counts = dist.reduce([float(num_tokens), float(num_seqs)])
         num_tokens, num_seqs = num_tokens.new_tensor(counts[0]), int(counts[1])
     sums: dict[str, float] = {}
+    first_epoch: dict[str, float] = {}  # metrics of the policy that sampled (before any update of this batch)
     skipped = 0
-    for _ in range(algo.epochs):
+    for epoch in range(algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
         chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens))
@@ -111,6 +115,9 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
             policy_loss = aggregate(token_loss, mask, **agg)
             loss = policy_loss
             weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
+            if epoch == 0 and batch.sampler_logp is not None:
+                diff = (logp.detach() - batch.sampler_logp[rows_n]).abs()
+                _add(first_epoch, "rollout/logp_diff", weight * masked_mean(diff, mask))
             if batch.ref_logp is not None:
                 kl = kl_estimate(logp, batch.ref_logp[rows_n], kind=kl_cfg.estimator)
                 kl_term = aggregate(kl, mask, **agg)
@@ -139,7 +146,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
         optimizer.step()
         scheduler.step()
         _add(sums, "policy/grad_norm", grad_norm)
-    out = {k: float(v) / algo.epochs for k, v in sums.items()}
+    out = {k: float(v) / algo.epochs for k, v in sums.items()} | {k: float(v) for k, v in first_epoch.items()}
     if dist.enabled:  # the ranks' shares of the global sums; the gradient norm is already the job's
         keys = sorted(k for k in out if k != "policy/grad_norm")
         out |= dict(zip(keys, dist.reduce([out[k] for k in keys])))

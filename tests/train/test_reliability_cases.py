@@ -3,13 +3,11 @@ behaviour docs/reliability.md states for that row. Rows checked elsewhere (kill 
 full) are in tests/train/test_faults.py and tests/train/test_resume_e2e.py; the last test here checks that the
 table in docs/reliability.md names an existing test for every row.
 
-The small-model fixtures are those of tests/train/conftest.py, loaded by path (a conftest only serves its own
-directory).
+The small-model fixtures are those of tests/train/conftest.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import re
@@ -19,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from train_helpers import varied_reward
 
 from grpo.algo import group_advantages
 from grpo.config import ConfigError, load_config
@@ -29,13 +28,7 @@ from grpo.train.optim import build_optimizer
 from grpo.train.update import batch_logprobs, policy_update
 from grpo.types import Prompt
 
-_spec = importlib.util.spec_from_file_location("grpo_train_test_fixtures",
-                                               Path(__file__).parent / "train" / "conftest.py")
-_fx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fx)
-tiny_model_dir, make_trainer, _private_cache = _fx.tiny_model_dir, _fx.make_trainer, _fx._private_cache
-varied_reward = _fx.varied_reward
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ListTask:

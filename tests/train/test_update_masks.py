@@ -1,7 +1,8 @@
-"""algo.mask_truncated (DAPO's overlong filtering): completions cut at max_new_tokens add nothing to the loss."""
+"""algo.mask_truncated (DAPO overlong filtering), and the sampler-vs-trainer log-prob check of the update."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -35,3 +36,20 @@ def test_a_step_of_only_truncated_completions_changes_nothing(make_trainer, monk
     assert metrics["adv/abs_mean"] > 0  # the rewards still differ: only the loss is masked
     assert metrics["loss/policy"] == 0.0
     assert all(torch.equal(v, params(trainer.policy)[k]) for k, v in before.items())
+
+
+def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, monkeypatch):
+    """rollout/logp_diff: the sampler's log-probs against the trainer's on the same tokens (first epoch)."""
+    trainer = make_trainer()
+    metrics = trainer.step()
+    assert 0.0 <= metrics["rollout/logp_diff"] < 1e-4  # fp32, the same weights: the same policy
+    generate = trainer._generate
+
+    def shifted(*args, **kwargs):
+        rollouts = generate(*args, **kwargs)
+        rollouts.logp = rollouts.logp + 0.5 * rollouts.completion_mask  # a sampler that is off by 0.5 nats
+        return rollouts
+
+    monkeypatch.setattr(trainer, "_generate", shifted)
+    assert trainer.step()["rollout/logp_diff"] == pytest.approx(0.5, abs=1e-3)
+    assert "rollout/logp_diff" not in make_trainer("rollout.top_p=0.9", run_dir=trainer.run_dir.parent / "p").step()

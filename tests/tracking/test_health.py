@@ -1,0 +1,39 @@
+"""The "is it learning?" warnings: each fires once, after `patience` consecutive steps, naming the setting to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo.tracking.health import HealthMonitor
+
+HEALTHY = {"adv/zero_std_frac": 0.1, "rollout/truncated_frac": 0.0, "policy/kl": 0.01, "rollout/logp_diff": 1e-6}
+
+
+@pytest.mark.parametrize("key,value,setting", [
+    ("adv/zero_std_frac", 0.9, "rollout.group_size"),
+    ("rollout/truncated_frac", 0.7, "rollout.max_new_tokens"),
+    ("policy/kl", 2.5, "kl.coef"),
+    ("rollout/logp_diff", 0.2, "model.dtype"),
+])
+def test_each_warning_fires_once_after_patience_steps(key, value, setting):
+    monitor = HealthMonitor(patience=3)
+    bad = HEALTHY | {key: value, "reward/mean": 0.0}
+    assert monitor.observe(bad) == [] and monitor.observe(bad) == []
+    fired = monitor.observe(bad)
+    assert len(fired) == 1 and setting in fired[0]
+    assert monitor.observe(bad) == []  # once per run
+
+
+def test_a_healthy_step_resets_the_streak():
+    monitor = HealthMonitor(patience=2)
+    bad = HEALTHY | {"rollout/truncated_frac": 0.9}
+    assert monitor.observe(bad) == [] and monitor.observe(HEALTHY) == [] and monitor.observe(bad) == []
+    assert len(monitor.observe(bad)) == 1
+
+
+def test_flat_reward_is_reported_after_the_window():
+    monitor = HealthMonitor(flat_window=5)
+    outs = [monitor.observe(HEALTHY | {"reward/mean": 0.3}) for _ in range(5)]
+    assert outs[:4] == [[]] * 4 and "has not changed for 5 steps" in outs[4][0]
+    moving = HealthMonitor(flat_window=5)
+    assert all(moving.observe(HEALTHY | {"reward/mean": 0.1 * i}) == [] for i in range(10))
