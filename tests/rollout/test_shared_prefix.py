@@ -154,3 +154,15 @@ def test_gradient_checkpointing_and_degenerate_shapes_take_the_plain_path(tok):
         torch.testing.assert_close(completion_logits(model, *args), unshared_completion_logits(model, *args))
     with pytest.raises(ValueError, match="group_size"):
         completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, 3)
+
+
+def test_micro_batches_count_the_prompt_once_per_group():
+    """A group costs L + G*T tokens with the shared prefix and G*(L+T) without; chunks are whole groups."""
+    P, G, L, T = 4, 4, 10, 5
+    b = update.PolicyBatch(prompt_ids=torch.zeros(P, L, dtype=torch.long), prompt_mask=torch.ones(P, L),
+                           completion_ids=torch.zeros(P * G, T, dtype=torch.long), mask=torch.ones(P * G, T),
+                           adv=torch.zeros(P * G), group_size=G)
+    shared = list(b.group_chunks(60))  # 30 tokens a group: 2 groups a chunk
+    assert shared == [(slice(0, 2), slice(0, 8)), (slice(2, 4), slice(8, 16))]
+    assert len(list(b.group_chunks(60, shared_prefix=False))) == 4  # 60 tokens a group
+    assert len(list(b.group_chunks(1))) == 4  # never less than one group

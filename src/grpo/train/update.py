@@ -39,10 +39,12 @@ class PolicyBatch:
     def num_groups(self) -> int:
         return self.prompt_ids.shape[0]
 
-    def group_chunks(self, token_budget: int):
-        """Consecutive whole-group slices (prompt rows, completion rows) of about `token_budget` tokens each."""
-        seq_tokens = self.group_size * (self.prompt_ids.shape[1] + self.completion_ids.shape[1])
-        per = max(1, token_budget // max(seq_tokens, 1))
+    def group_chunks(self, token_budget: int, shared_prefix: bool = True):
+        """Consecutive whole-group slices (prompt rows, completion rows) of about `token_budget` tokens each. A group
+        costs L + G*T tokens when its prompt is computed once (shared prefix), G*(L+T) when it is repeated."""
+        L, T, G = self.prompt_ids.shape[1], self.completion_ids.shape[1], self.group_size
+        group_tokens = L + G * T if shared_prefix else G * (L + T)
+        per = max(1, token_budget // max(group_tokens, 1))
         for g0 in range(0, self.num_groups, per):
             g1 = min(g0 + per, self.num_groups)
             yield slice(g0, g1), slice(g0 * self.group_size, g1 * self.group_size)
@@ -103,7 +105,8 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     for epoch in range(algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
-        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens))
+        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
+                                         shared_prefix=_logits_fn(model) is completion_logits))
         for i, (rows_p, rows_n) in enumerate(chunks):
             mask = batch.mask[rows_n]
             logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True)
