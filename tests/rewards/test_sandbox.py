@@ -46,6 +46,16 @@ def test_passed_and_failed_and_output():
     assert res.status == "failed" and "AssertionError: nope" in res.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_site_packages_off_leaves_the_standard_library_only(backend, no_leak):
+    probe = "import sys, json\nprint(any('-packages' in p for p in sys.path), 'site' in sys.modules)"
+    on = run_python(probe, backend=backend)
+    off = run_python(probe, backend=backend, site_packages=False)
+    assert on.status == off.status == "passed", (on.stderr, off.stderr)
+    assert on.stdout.split() == ["True", "True"] and off.stdout.split() == ["False", "False"]
+    assert run_python("import pytest", backend=backend, site_packages=False).status == "failed"
+
+
 def test_stdin_and_scrubbed_environment():
     res = run_python("import os, sys\nprint(sys.stdin.read())\nprint(sorted(os.environ))", stdin="abc")
     assert res.status == "passed"

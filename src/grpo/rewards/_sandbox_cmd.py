@@ -137,8 +137,8 @@ def _warn_once(key: str, msg: str) -> None:
         logger.warning(msg)
 
 
-def command(backend: str, workdir: str, boot: str, uid: int) -> list[str]:
-    py = [sys.executable, "-I", "-c", boot]
+def command(backend: str, workdir: str, boot: str, uid: int, site_packages: bool = True) -> list[str]:
+    py = [sys.executable, "-I", *([] if site_packages else ["-S"]), "-c", boot]
     if backend == "bwrap":
         return [*_bwrap_args(workdir), *_drop_uid(uid, inside_bwrap=True), *py]
     pdeath = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []

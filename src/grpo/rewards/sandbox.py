@@ -123,6 +123,7 @@ def run_python(
     stdin: str | bytes | None = None,
     backend: str | None = None,
     max_processes: int = MAX_PROCESSES,
+    site_packages: bool = True,
 ) -> SandboxResult:
     """Run `code` as a Python program in a fresh sandbox and return its SandboxResult.
 
@@ -131,6 +132,8 @@ def run_python(
     stdin: data for the program's standard input (empty by default).
     backend: "bwrap" | "unshare" | "rlimit" | None (None: GRPO_SANDBOX_BACKEND, else the first that works here).
     max_processes: RLIMIT_NPROC, processes plus threads (a program starting more threads gets an error).
+    site_packages: False starts the interpreter with -S: the standard library only, and a start about 20 ms
+        faster (no site-packages to scan), for programs that need nothing else.
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0, got {timeout!r}")
@@ -147,7 +150,8 @@ def run_python(
             )
     if max_processes < 1:
         raise ValueError(f"max_processes must be >= 1, got {max_processes!r}")
-    return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name, max_processes=max_processes)
+    return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name, max_processes=max_processes,
+                site_packages=site_packages)
 
 
 def available_backends() -> list[str]:
@@ -202,6 +206,7 @@ def _run(
     stdin: str | bytes | None,
     backend: str,
     max_processes: int = MAX_PROCESSES,
+    site_packages: bool = True,
 ) -> SandboxResult:
     token = secrets.token_hex(8)
     uid = _UID_BASE + secrets.randbelow(1 << 24)
@@ -224,7 +229,7 @@ def _run(
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         with open(os.path.join(workdir, "stdin"), "wb") as f:
             f.write(data)
-        cmd = command(backend, workdir, boot, uid)
+        cmd = command(backend, workdir, boot, uid, site_packages=site_packages)
         if backend != "bwrap" and os.geteuid() == 0 and any(a.startswith("--reuid=") for a in cmd):
             os.chown(workdir, uid, uid)
         with open(os.path.join(workdir, "stdin"), "rb") as fin:
