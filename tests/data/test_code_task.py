@@ -62,7 +62,7 @@ def test_wrong_hard_coded_and_escaping_programs_fail(no_leak):
     assert format_reward(None, ["def f(x): return 1", fence.format("1") + "\nmore"]) == [0.0, 0.0]
 
 
-def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, monkeypatch, no_leak):
+def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, monkeypatch, capsys, no_leak):
     import json
 
     from grpo.config import load_config
@@ -81,3 +81,10 @@ def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, monkeypatch, n
     for row in rows:
         assert {"reward/tests", "reward/format"} <= row.keys()
         assert row["reward/missing_frac"] == 0.0  # every program ran: a sandbox failure would be missing
+    from grpo.cli import main
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run" / "final"), "--json"]) == 0  # the run's task: code, in the sandbox
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["task"] == "code" and result["n"] == 8 and result["accuracy"] == summary["eval/accuracy_after"]
