@@ -29,11 +29,11 @@ def overrides(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
             "log.plots=false", "log.progress=false", "optim.lr=0.01", "optim.warmup_steps=0", *extra]
 
 
-def torchrun(*runs: list[str], cwd: Path) -> None:
+def torchrun(*runs: list[str], cwd: Path, preset: str | None = None) -> None:
     """Launch 2 processes of launch_train.py; several runs go one after the other in the same launch."""
     args = []
     for i, run in enumerate(runs):
-        args += (["--then"] if i else []) + ["reward.functions=[varied]", *run]
+        args += (["--then"] if i else []) + ([preset] if preset else []) + ["reward.functions=[varied]", *run]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(LAUNCH), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_CACHE": str(cwd / "cache")}
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -90,3 +90,30 @@ def test_fsdp_checkpoint_resumes_on_the_same_world_size(one_process, tmp_path):
     assert (run / "checkpoints" / "step-000001" / "COMMITTED").exists()
     assert [r["step"] for r in metrics(run)] == [1, 2]
     assert_same_parameters(one / "final", run / "final", model)
+
+
+def test_ppo_ddp_on_two_processes_equals_one_process(one_process, tmp_path):
+    """PPO's critic is data-parallel too: gradients summed over the ranks, the job's token count, and advantages
+    whitened over the whole batch; the policy (which PPO trains on the critic's advantages) ends the same."""
+    model, data, _ = one_process
+    one, two = tmp_path / "ppo-one", tmp_path / "ppo-two"
+    torch.manual_seed(0)
+    trainer = Trainer(load_config("ppo", overrides(model, data, one)), reward_functions=REWARDS)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    torchrun(overrides(model, data, two, "parallel.strategy=ddp"), cwd=tmp_path, preset="ppo")
+    assert_same_parameters(one / "final", two / "final", model)
+    for a, b in zip(metrics(one), metrics(two)):
+        for key in ("loss/value", "critic/grad_norm", "loss/policy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+
+
+def test_ppo_with_fsdp_is_refused_naming_the_setting():
+    from grpo.parallel.dist import Dist, check_parallel_config
+
+    cfg = load_config("ppo", ["rollout.prompts_per_step=4"])
+    with pytest.raises(ValueError, match="parallel.strategy=ddp"):
+        check_parallel_config(cfg, Dist(rank=0, world_size=2, strategy="fsdp"))
+    check_parallel_config(cfg, Dist(rank=0, world_size=2, strategy="ddp"))  # allowed

@@ -181,9 +181,9 @@ def check_parallel_config(cfg, d: Dist) -> None:
     if P % d.world_size:
         raise ValueError(f"rollout.prompts_per_step={P} does not divide by the {d.world_size} processes: each "
                          "rank samples the whole groups of P / world_size prompts")
-    if cfg.algo.advantage == "gae":
-        raise ValueError("algo.advantage=gae (PPO with a critic) runs in one process only; the critic is not "
-                         "data-parallel yet")
+    if cfg.algo.advantage == "gae" and d.strategy == "fsdp":
+        raise ValueError("algo.advantage=gae (PPO with a critic) runs with parallel.strategy=ddp: the critic is "
+                         "data-parallel (a whole copy on every rank), not sharded")
     if d.strategy == "fsdp" and cfg.model.save_merged:
         raise ValueError("model.save_merged=true is not supported with parallel.strategy=fsdp; save the adapter "
                          "and merge it afterwards (peft merge_and_unload)")

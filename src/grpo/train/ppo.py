@@ -70,8 +70,11 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | 
 class Critic:
     """The value model, its optimizer and schedule, and the GAE advantages it provides to PPO."""
 
-    def __init__(self, policy, cfg, total_updates: int):
+    def __init__(self, policy, cfg, total_updates: int, dist=None):
+        from grpo.parallel import SINGLE
+
         self.cfg = cfg
+        self.dist = dist or SINGLE  # several processes: each rank holds the whole critic; gradients are summed
         self.model = build_value_model(policy, cfg)
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optim, total_updates,
                                                          lr=cfg.algo.value_lr)
@@ -102,7 +105,7 @@ class Critic:
         old_values = self.values(batch).float()
         adv, returns = gae(r, old_values, mask, gamma=cfg.algo.gamma, lam=cfg.algo.lam)
         keep = mask & present[:, None]
-        adv = masked_whiten(adv.float(), keep)
+        adv = self._whiten(adv.float(), keep)
         self._targets = (id(batch), old_values, returns.float(), keep)
         resid_var = masked_var(returns - old_values, keep)
         ret_var = masked_var(returns, keep)
@@ -117,13 +120,42 @@ class Critic:
         }
         return adv.to(batch.mask.dtype), metrics
 
+    def _whiten(self, adv: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """masked_whiten over the job's batch: with several processes the mean and the (Bessel) variance are those of
+        every rank's tokens together, in two passes like masked_var, so N processes whiten as one would."""
+        d = self.dist
+        if not d.enabled:
+            return masked_whiten(adv, keep)
+        total, count = d.reduce([float((adv * keep).sum()), float(keep.sum())])
+        mean = total / max(count, 1.0)
+        squares = d.sum(float(((adv - mean) ** 2 * keep).sum()))
+        var = squares / max(count - 1.0, 1.0)
+        return (adv - mean) * (var + 1e-8) ** -0.5 * keep
+
+    def _all_reduce_grads(self, params) -> None:
+        """Sum the critic's gradients over the ranks (each rank's loss is already divided by the job's token count)."""
+        if not self.dist.enabled:
+            return
+        import torch.distributed as tdist
+
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        tdist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
     def update(self, batch) -> dict[str, float]:
         """algo.epochs passes of the clipped value loss over micro-batches, each one optimizer step of the critic."""
         cfg = self.cfg
         if self._targets is None or self._targets[0] != id(batch):
             raise RuntimeError("Critic.update(batch) needs Critic.advantages(batch) first (it computes V_old and R)")
         _, old_values, returns, keep = self._targets
+        d = self.dist
         num_tokens = keep.sum()
+        if d.enabled:  # the job's count: every rank's loss is a share of the one-process loss
+            num_tokens = num_tokens.new_tensor(d.sum(float(num_tokens)))
         out = {"loss/value": 0.0, "critic/grad_norm": 0.0, "critic/clip_frac": 0.0, "critic/skipped_updates": 0.0}
         if int(num_tokens) == 0:  # every reward missing: nothing to fit
             return out
@@ -143,6 +175,10 @@ class Critic:
                 loss.backward()
                 loss_sum += float(loss.detach())
                 clipped += float(((v.detach() - old_values[rows_n]).abs() > cfg.algo.value_clip)[m].sum())
+            finite = d.all(finite)
+            if finite and d.enabled:
+                self._all_reduce_grads(params)
+                loss_sum, clipped = d.reduce([loss_sum, clipped])
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm) if finite else None
             if not finite or not torch.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update

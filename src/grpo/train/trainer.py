@@ -79,7 +79,7 @@ class Trainer:
         if cfg.algo.advantage == "gae":
             from grpo.train.ppo import Critic
 
-            self.critic = Critic(self.policy, cfg, total_updates)
+            self.critic = Critic(self.policy, cfg, total_updates, self.dist)
         self.stream = PromptStream(self.train_prompts, cfg.train.seed)
         self.step_count = 0
 
