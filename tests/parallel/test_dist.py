@@ -65,7 +65,7 @@ def test_generators_are_keyed_by_prompt_not_rank():
 
 @pytest.mark.parametrize("overrides,match", [
     (["rollout.prompts_per_step=3"], "rollout.prompts_per_step=3 does not divide"),
-    (["algo.advantage=gae"], "algo.advantage=gae"),
+    (["algo.advantage=gae", "parallel.strategy=fsdp"], "critic is data-parallel"),
     (["parallel.strategy=fsdp", "model.save_merged=true"], "model.save_merged"),
 ])
 def test_settings_that_cannot_run_on_several_processes_are_named(overrides, match):

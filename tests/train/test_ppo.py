@@ -57,7 +57,9 @@ class FixedValues(torch.nn.Module):
 
 def critic_with(values: torch.Tensor, cfg) -> Critic:
     critic = Critic.__new__(Critic)
-    critic.cfg, critic.model, critic._targets = cfg, FixedValues(values), None
+    from grpo.parallel import SINGLE
+
+    critic.cfg, critic.model, critic._targets, critic.dist = cfg, FixedValues(values), None, SINGLE
     from grpo.train.optim import build_optimizer
 
     critic.optimizer, critic.scheduler = build_optimizer(critic.model.parameters(), cfg.optim, 10, lr=cfg.algo.value_lr)
