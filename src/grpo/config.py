@@ -84,6 +84,10 @@ class AlgoConfig(_Section):
     aggregate: Literal["seq_mean_token_mean", "token_mean", "seq_sum_norm"] = "seq_mean_token_mean"
     epochs: int = Field(1, ge=1, description="mu: policy updates per rollout batch")
     drop_zero_std_groups: bool = False
+    top_entropy_quantile: float = Field(1.0, gt=0.0, le=1.0,
+                                        description="train only on the tokens whose entropy is in the top fraction "
+                                                    "of their micro-batch ('80/20', TRL's top_entropy_quantile); "
+                                                    "1.0 = every token")
     mask_truncated: bool = Field(False, description="DAPO's overlong filtering: completions cut at max_new_tokens "
                                                    "without EOS add no token to the loss (they still count in their "
                                                    "group's reward statistics and in the 1/G of the aggregation)")

@@ -76,3 +76,19 @@ def test_empty_rows_and_zero_counts_give_zero_not_nan():
 def test_seq_sum_norm_needs_max_len():
     with pytest.raises(ValueError, match="max_len is required"):
         aggregate(torch.ones(1, 2), torch.ones(1, 2), mode="seq_sum_norm")
+
+
+def test_high_entropy_mask_keeps_the_top_fraction_of_present_tokens():
+    from grpo.algo import high_entropy_mask
+
+    h = torch.tensor([[0.1, 0.5, 0.9, 0.3]])
+    ones = torch.ones_like(h)
+    assert high_entropy_mask(h, ones, 0.5).tolist() == [[False, True, True, False]]  # 0.5-quantile is 0.4
+    assert high_entropy_mask(h, ones, 1.0).tolist() == [[True] * 4]
+    assert high_entropy_mask(h, ones, 0.25).tolist() == [[False, False, True, False]]  # 0.75-quantile 0.6
+    padded = torch.tensor([[0.1, 0.5, 9.0], [0.9, 0.3, 9.0]])  # 9.0 sits at padding: not counted, not kept
+    pad_mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    assert high_entropy_mask(padded, pad_mask, 0.5).tolist() == [[False, True, False], [True, False, False]]
+    assert not high_entropy_mask(h, torch.zeros_like(h), 0.5).any()
+    with pytest.raises(ValueError, match="top_fraction"):
+        high_entropy_mask(h, ones, 0.0)

@@ -53,3 +53,35 @@ def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, 
     monkeypatch.setattr(trainer, "_generate", shifted)
     assert trainer.step()["rollout/logp_diff"] == pytest.approx(0.5, abs=1e-3)
     assert "rollout/logp_diff" not in make_trainer("rollout.top_p=0.9", run_dir=trainer.run_dir.parent / "p").step()
+
+
+def test_top_entropy_quantile_keeps_that_share_of_the_tokens(make_trainer):
+    """algo.top_entropy_quantile=q: the loss keeps the top q of the tokens by entropy (one micro-batch here)."""
+    trainer = make_trainer("algo.top_entropy_quantile=0.25")
+    generate, seen = trainer._generate, {}
+
+    def record(*args, **kwargs):
+        seen["rollouts"] = generate(*args, **kwargs)
+        return seen["rollouts"]
+
+    trainer._generate = record
+    metrics = trainer.step()
+    tokens = int(seen["rollouts"].completion_mask.sum())
+    assert 0.25 <= metrics["policy/entropy_kept_frac"] <= 0.25 + 1.0 / tokens + 1e-6
+    lone = make_trainer("algo.top_entropy_quantile=1e-9", run_dir=trainer.run_dir.parent / "lone")
+    lone._generate = record
+    metrics = lone.step()  # only the one highest-entropy token of the batch
+    assert metrics["policy/entropy_kept_frac"] == pytest.approx(1.0 / int(seen["rollouts"].completion_mask.sum()))
+    assert "policy/entropy_kept_frac" not in make_trainer(run_dir=trainer.run_dir.parent / "all").step()
+
+
+def test_the_entropy_mask_multiplies_the_loss(make_trainer, monkeypatch):
+    """The mask reaches the loss: a mask that keeps nothing gives loss 0 and leaves the parameters as they were."""
+    from grpo.train import update
+
+    monkeypatch.setattr(update, "high_entropy_mask", lambda entropy, mask, q: torch.zeros_like(mask, dtype=torch.bool))
+    trainer = make_trainer("algo.top_entropy_quantile=0.5")
+    before = params(trainer.policy)
+    metrics = trainer.step()
+    assert metrics["loss/policy"] == 0.0 and metrics["policy/entropy_kept_frac"] == 0.0
+    assert all(torch.equal(v, params(trainer.policy)[k]) for k, v in before.items())

@@ -15,11 +15,12 @@ are set to 0 instead of being left holding their raw values.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from grpo.algo._checks import as_bool_mask, check_number, check_same_shape, check_tensor, float_dtype
 
-__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten"]
+__all__ = ["masked_sum", "masked_mean", "masked_var", "masked_whiten", "high_entropy_mask"]
 
 
 def _dims(dim: int | tuple[int, ...] | None, ndim: int) -> tuple[int, ...]:
@@ -80,3 +81,20 @@ def masked_whiten(
     if not shift_mean:
         out = out + mean
     return out.where(m, 0)
+
+
+def high_entropy_mask(entropy: Tensor, mask: Tensor, top_fraction: float) -> Tensor:
+    """The present tokens whose entropy is in the top `top_fraction` of all present tokens ("Beyond the 80/20 rule",
+    Wang et al. 2025; TRL's top_entropy_quantile): entropy >= the (1 - top_fraction) quantile (linear
+    interpolation, as torch.quantile) of the entropies at present positions.
+
+    entropy, mask: (N, T).  Returns a bool (N, T) mask, False at masked positions; top_fraction = 1 keeps every
+    present token.
+    """
+    check_number("top_fraction", top_fraction, low=0.0, high=1.0, low_open=True)
+    m = as_bool_mask(mask)
+    present = entropy[m]
+    if present.numel() == 0:
+        return m.clone()
+    threshold = torch.quantile(present.float(), 1.0 - top_fraction)
+    return m & (entropy >= threshold.to(entropy.dtype))

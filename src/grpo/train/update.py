@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import aggregate, clipped_surrogate, entropy_from_logits, kl_estimate, masked_mean, token_logprobs
+from grpo.algo import (aggregate, clipped_surrogate, entropy_from_logits, high_entropy_mask, kl_estimate, masked_mean,
+                       token_logprobs)
 from grpo.models.forward import completion_logits
 
 
@@ -114,10 +115,14 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
             token_loss, m = clipped_surrogate(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
                                               clip_high=algo.clip_high, level=algo.ratio_level,
                                               dual_clip=algo.dual_clip)
+            weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
+            if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
+                keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
+                token_loss = token_loss * keep
+                _add(sums, "policy/entropy_kept_frac", weight * masked_mean(keep.float(), mask))
             agg = dict(mode=algo.aggregate, num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
             policy_loss = aggregate(token_loss, mask, **agg)
             loss = policy_loss
-            weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
             if epoch == 0 and batch.sampler_logp is not None:
                 diff = (logp.detach() - batch.sampler_logp[rows_n]).abs()
                 _add(first_epoch, "rollout/logp_diff", weight * masked_mean(diff, mask))
