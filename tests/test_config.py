@@ -102,3 +102,11 @@ def test_list_keys_names_every_field_with_its_default_and_choices(capsys):
     assert rows["algo.std"] == ("population|sample", "'population'")
     assert main(["train", "--list-keys"]) == 0
     assert "warmup.seed" in capsys.readouterr().out
+
+
+def test_cispo_settings_are_checked_together():
+    assert load_config("cispo").algo.clip_low == 1.0  # no lower bound on the weight
+    with pytest.raises(ConfigError, match="algo.clip_low must be < 1"):
+        load_config(None, ["algo.clip_low=1.0"])
+    with pytest.raises(ConfigError, match="ratio_level=sequence"):
+        load_config("cispo", ["algo.ratio_level=sequence"])

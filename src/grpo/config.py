@@ -78,7 +78,10 @@ class AlgoConfig(_Section):
     scale: Literal["group", "batch", "none"] = "group"
     eps: float = Field(1e-6, ge=0.0)
     ratio_level: Literal["token", "sequence"] = "token"
-    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
+    policy_loss: Literal["clip", "cispo"] = Field("clip", description="clip: PPO's clipped surrogate; cispo: the "
+                                                  "detached clipped importance weight times log pi (MiniMax-M1)")
+    clip_low: float = Field(0.2, gt=0.0, le=1.0, description="ratio band [1 - clip_low, 1 + clip_high]; 1.0 (no lower "
+                                                        "bound) only with policy_loss=cispo")
     clip_high: float = Field(0.2, gt=0.0)
     dual_clip: float | None = Field(None, gt=1.0)
     aggregate: Literal["seq_mean_token_mean", "token_mean", "seq_sum_norm"] = "seq_mean_token_mean"
@@ -183,6 +186,11 @@ class Config(_Section):
                 )
         if self.algo.aggregate == "seq_sum_norm" and self.algo.ratio_level == "sequence":
             raise ValueError("algo.ratio_level=sequence (GSPO) needs a per-sequence aggregate, not seq_sum_norm")
+        if self.algo.policy_loss == "clip" and self.algo.clip_low >= 1.0:
+            raise ValueError("algo.clip_low must be < 1 with algo.policy_loss=clip (1.0, no lower bound, is for cispo)")
+        if self.algo.policy_loss == "cispo" and (self.algo.ratio_level == "sequence" or self.algo.dual_clip):
+            raise ValueError("algo.policy_loss=cispo clips a per-token weight: it takes neither "
+                             "algo.ratio_level=sequence nor algo.dual_clip")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -185,3 +185,54 @@ def test_kl_gradients():
         kl_estimate(logp, ref, kind=kind).sum().backward()
         torch.testing.assert_close(logp.grad, torch.tensor([grad], dtype=D))
         logp.grad = None
+
+
+# ------------------------------------------------------------------ CISPO
+def test_cispo_vectors_by_hand():
+    """w = exp(logp - old) = [e^0.5, e^-1] = [1.6487, 0.3679]; A = 2; clip_low 1 (no lower bound), clip_high 0.28:
+    weight [1.28, 0.3679]; loss = -w * A * logp = [2.56, 1.4715]; d loss / d logp = -w * A = [-2.56, -0.7358]."""
+    from grpo.algo import cispo_surrogate
+
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.5, -1.0]], dtype=torch.float64)
+    loss, m = cispo_surrogate(logp, old, torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 2), clip_low=1.0,
+                              clip_high=0.28)
+    w2 = math.exp(-1.0)
+    torch.testing.assert_close(loss, torch.tensor([[2.56, 4 * w2]], dtype=torch.float64))
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2.56, -2 * w2]], dtype=torch.float64))
+    assert float(m["clip_frac_high"]) == 0.5 and float(m["clip_frac_low"]) == 0.0 and float(m["clip_frac"]) == 0.5
+    # a lower bound of 0.5 lifts the second weight to 0.5
+    loss, m = cispo_surrogate(logp.detach(), old, torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 2),
+                              clip_low=0.5, clip_high=0.28)
+    torch.testing.assert_close(loss, torch.tensor([[2.56, 2.0]], dtype=torch.float64))
+    assert float(m["clip_frac_low"]) == 0.5
+
+
+def test_cispo_keeps_the_gradient_that_the_clip_zeroes():
+    """Ratio 1.65 with A > 0: PPO's clip gives that token no gradient, CISPO gives it -1.28 * A."""
+    from grpo.algo import cispo_surrogate
+
+    old = torch.tensor([[-1.5]])
+    for fn, want in ((clipped_surrogate, 0.0), (cispo_surrogate, -1.28)):
+        logp = torch.tensor([[-1.0]], requires_grad=True)
+        loss, _ = fn(logp, old, torch.tensor([1.0]), torch.ones(1, 1), clip_low=0.2, clip_high=0.28)
+        loss.sum().backward()
+        assert float(logp.grad) == pytest.approx(want)
+
+
+def test_cispo_on_policy_gradient_equals_the_clipped_surrogate():
+    from grpo.algo import cispo_surrogate
+
+    torch.manual_seed(0)
+    base = torch.randn(3, 5, dtype=torch.float64)
+    adv, mask = torch.randn(3, dtype=torch.float64), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
+    grads = []
+    for fn in (clipped_surrogate, cispo_surrogate):
+        logp = base.clone().requires_grad_()
+        loss, _ = fn(logp, logp.detach(), adv, mask)
+        aggregate(loss, mask, mode="token_mean").backward()
+        grads.append(logp.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    with pytest.raises(ValueError, match="clip_low"):
+        cispo_surrogate(base, base, adv, mask, clip_low=1.5)

@@ -68,7 +68,7 @@ def length_reward(prompts, completions, **kwargs):
 length_reward.in_process = True
 
 
-@pytest.mark.parametrize("preset", ["grpo", "deepseekmath", "dapo", "dr_grpo", "gspo", "rloo"])
+@pytest.mark.parametrize("preset", ["grpo", "deepseekmath", "dapo", "dr_grpo", "gspo", "rloo", "cispo"])
 def test_presets_train(preset, tmp_path, monkeypatch):
     from grpo.config import load_config
     from grpo.train.trainer import Trainer

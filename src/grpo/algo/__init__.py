@@ -19,7 +19,7 @@ from grpo.algo.aggregate import AGGREGATE_MODES, aggregate
 from grpo.algo.kl import KL_KINDS, kl_estimate
 from grpo.algo.logprobs import entropy_from_logits, token_logprobs
 from grpo.algo.masked import high_entropy_mask, masked_mean, masked_sum, masked_var, masked_whiten
-from grpo.algo.policy_loss import RATIO_LEVELS, clipped_surrogate
+from grpo.algo.policy_loss import RATIO_LEVELS, cispo_surrogate, clipped_surrogate
 from grpo.algo.shaping import overlong_penalty
 from grpo.algo.value_loss import clipped_value_loss
 
@@ -30,6 +30,7 @@ __all__ = [
     "SCALE_MODES",
     "STD_MODES",
     "aggregate",
+    "cispo_surrogate",
     "clipped_surrogate",
     "clipped_value_loss",
     "dr_grpo_advantages",

@@ -32,7 +32,7 @@ from torch import Tensor
 from grpo.algo._checks import as_bool_mask, check_choice, check_number, check_same_shape, check_tensor
 from grpo.algo.masked import masked_mean
 
-__all__ = ["RATIO_LEVELS", "clipped_surrogate"]
+__all__ = ["RATIO_LEVELS", "clipped_surrogate", "cispo_surrogate"]
 
 RATIO_LEVELS = ("token", "sequence")
 
@@ -110,3 +110,46 @@ def _metrics(
         "ratio_min": torch.where(any_token, ratio.where(m, torch.inf).amin(), one),
         "ratio_max": torch.where(any_token, ratio.where(m, -torch.inf).amax(), one),
     }
+
+
+def cispo_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+    max_log_ratio: float = 20.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): clip the importance weight, not the update.
+
+        loss_t = -sg(clip(w_t, 1 - clip_low, 1 + clip_high)) * A * logp_t
+
+    The clipped ratio is detached, so every token keeps a gradient, -clip(w_t) * A, however far its ratio has moved
+    (PPO's clip zeroes it instead). clip_low = 1 (the default) puts no lower bound on the weight, as the paper does.
+    Arguments and returns as clipped_surrogate; here the clip fractions count the tokens whose weight was capped
+    (clip_frac_low: w < 1 - clip_low, clip_frac_high: w > 1 + clip_high), whatever the sign of A.
+    With old_logp = logp.detach(), w = 1 and the gradient is REINFORCE's, -A per token, as for clipped_surrogate.
+    """
+    check_tensor("logp", logp, ndim=2)
+    check_same_shape("logp", logp, old_logp=old_logp, mask=mask)
+    check_tensor("adv", adv, ndim=(1, 2))
+    if adv.shape not in (logp.shape, logp.shape[:1]):
+        raise ValueError(
+            f"adv must have shape (N,) = {tuple(logp.shape[:1])} or (N, T) = {tuple(logp.shape)}, "
+            f"got {tuple(adv.shape)}"
+        )
+    check_number("clip_low", clip_low, low=0.0, high=1.0)
+    check_number("clip_high", clip_high, low=0.0)
+    check_number("max_log_ratio", max_log_ratio, low=0.0, low_open=True)
+    m = as_bool_mask(mask)
+    a = adv.unsqueeze(-1) if adv.ndim == 1 else adv
+    ratio = (logp - old_logp).where(m, 0).clamp(-max_log_ratio, max_log_ratio).exp().detach()
+    weight = ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = (-(weight * a) * logp).where(m, 0)
+    a_all = a.detach().expand_as(ratio)
+    metrics = _metrics(ratio, a_all, m, clip_low, clip_high, None)
+    low, high = masked_mean((ratio < 1 - clip_low).to(ratio.dtype), m), masked_mean((ratio > 1 + clip_high).to(ratio.dtype), m)
+    metrics.update(clip_frac=low + high, clip_frac_low=low, clip_frac_high=high)
+    return loss, metrics
