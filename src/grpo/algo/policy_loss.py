@@ -37,7 +37,7 @@ __all__ = ["RATIO_LEVELS", "clipped_surrogate", "cispo_surrogate"]
 RATIO_LEVELS = ("token", "sequence")
 
 
-def _check_args(logp, old_logp, adv, mask, clip_low, clip_high, level, dual_clip, max_log_ratio) -> None:
+def _check_tensors(logp, old_logp, adv, mask) -> None:
     check_tensor("logp", logp, ndim=2)
     check_same_shape("logp", logp, old_logp=old_logp, mask=mask)
     check_tensor("adv", adv, ndim=(1, 2))
@@ -46,6 +46,10 @@ def _check_args(logp, old_logp, adv, mask, clip_low, clip_high, level, dual_clip
             f"adv must have shape (N,) = {tuple(logp.shape[:1])} or (N, T) = {tuple(logp.shape)}, "
             f"got {tuple(adv.shape)}"
         )
+
+
+def _check_args(logp, old_logp, adv, mask, clip_low, clip_high, level, dual_clip, max_log_ratio) -> None:
+    _check_tensors(logp, old_logp, adv, mask)
     check_choice("level", level, RATIO_LEVELS)
     check_number("clip_low", clip_low, low=0.0, high=1.0, high_open=True)
     check_number("clip_high", clip_high, low=0.0)
@@ -132,14 +136,7 @@ def cispo_surrogate(
     (clip_frac_low: w < 1 - clip_low, clip_frac_high: w > 1 + clip_high), whatever the sign of A.
     With old_logp = logp.detach(), w = 1 and the gradient is REINFORCE's, -A per token, as for clipped_surrogate.
     """
-    check_tensor("logp", logp, ndim=2)
-    check_same_shape("logp", logp, old_logp=old_logp, mask=mask)
-    check_tensor("adv", adv, ndim=(1, 2))
-    if adv.shape not in (logp.shape, logp.shape[:1]):
-        raise ValueError(
-            f"adv must have shape (N,) = {tuple(logp.shape[:1])} or (N, T) = {tuple(logp.shape)}, "
-            f"got {tuple(adv.shape)}"
-        )
+    _check_tensors(logp, old_logp, adv, mask)
     check_number("clip_low", clip_low, low=0.0, high=1.0)
     check_number("clip_high", clip_high, low=0.0)
     check_number("max_log_ratio", max_log_ratio, low=0.0, low_open=True)
@@ -148,8 +145,8 @@ def cispo_surrogate(
     ratio = (logp - old_logp).where(m, 0).clamp(-max_log_ratio, max_log_ratio).exp().detach()
     weight = ratio.clamp(1 - clip_low, 1 + clip_high)
     loss = (-(weight * a) * logp).where(m, 0)
-    a_all = a.detach().expand_as(ratio)
-    metrics = _metrics(ratio, a_all, m, clip_low, clip_high, None)
-    low, high = masked_mean((ratio < 1 - clip_low).to(ratio.dtype), m), masked_mean((ratio > 1 + clip_high).to(ratio.dtype), m)
-    metrics.update(clip_frac=low + high, clip_frac_low=low, clip_frac_high=high)
+    metrics = _metrics(ratio, a.detach().expand_as(ratio), m, clip_low, clip_high, None)
+    low = masked_mean((ratio < 1 - clip_low).to(ratio.dtype), m)
+    high = masked_mean((ratio > 1 + clip_high).to(ratio.dtype), m)
+    metrics.update(clip_frac=low + high, clip_frac_low=low, clip_frac_high=high)  # capped weights, either sign of A
     return loss, metrics
