@@ -58,7 +58,7 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from grpo.config import load_config
-    from grpo.data import get_task
+    from grpo.data.base import task_from_config
     from grpo.models.loading import load_tokenizer, resolve_device
     from grpo.train.evaluate import evaluate_model
     from transformers import AutoModelForCausalLM
@@ -68,12 +68,11 @@ def _eval(args) -> int:
     cfg = load_config(run_cfg if run_cfg.exists() else None)
     model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
     tokenizer = load_tokenizer(path)
-    if args.task is None and cfg.data.path is not None:  # a run on a data set file: its held-out rows
-        from grpo.data.files import FileTask
-
-        task = FileTask.from_config(cfg, tokenizer=tokenizer)
-    else:
-        task = get_task(args.task or cfg.data.task, difficulty=args.difficulty or cfg.data.difficulty)
+    if args.task is not None:  # a built-in task instead of the run's own (its data set file, if it had one)
+        cfg.data.task, cfg.data.path = args.task, None
+    if args.difficulty is not None:
+        cfg.data.difficulty = args.difficulty
+    task = task_from_config(cfg, tokenizer=tokenizer)
     n = args.n or cfg.eval.n
     res = evaluate_model(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
                          max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,

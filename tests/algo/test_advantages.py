@@ -245,3 +245,12 @@ def test_masked_reductions_ignore_nan_at_padding_and_empty_is_zero():
 def test_masked_shape_mismatch(fn):
     with pytest.raises(ValueError, match="mask has shape"):
         fn(torch.zeros(2, 3), torch.ones(2, 4))
+
+
+def test_masked_whiten_with_given_stats_uses_them():
+    """stats=(mean, var) replaces the tensor's own (a batch split over processes); its own stats give the default."""
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]], dtype=torch.float64)
+    m = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    torch.testing.assert_close(masked_whiten(x, m, stats=(2.5, 5.0 / 3.0)), masked_whiten(x, m))
+    want = torch.tensor([[-1.0, 0.0, 1.0], [2.0, 0.0, 0.0]], dtype=torch.float64) / (1.0 + 1e-8) ** 0.5
+    torch.testing.assert_close(masked_whiten(x, m, stats=(2.0, 1.0)), want)

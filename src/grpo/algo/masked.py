@@ -65,18 +65,25 @@ def masked_var(
 
 
 def masked_whiten(
-    x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8, *, unbiased: bool = True
+    x: Tensor,
+    mask: Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    *,
+    unbiased: bool = True,
+    stats: tuple[Tensor | float, Tensor | float] | None = None,
 ) -> Tensor:
     """Batch whitening: (x - mean) / sqrt(var + eps) over the present positions of the whole tensor.
 
     x, mask: same shape, e.g. advantages (N, T).  Returns x's shape, 0 at masked positions.
     shift_mean=False adds the mean back (only the scale changes).  eps > 0 keeps a constant input finite.
     unbiased picks the variance (Bessel by default, as verl).
+    stats: (mean, var) to use instead of x's own, e.g. those of a batch split over several processes.
     """
     check_number("eps", eps, low=0.0, low_open=True)
     m = as_bool_mask(mask)
-    mean = masked_mean(x, m)
-    var = masked_var(x, m, unbiased)
+    mean, var = stats if stats is not None else (masked_mean(x, m), masked_var(x, m, unbiased))
+    var = torch.as_tensor(var, dtype=x.dtype, device=x.device)
     out = (x - mean) * (var + eps).rsqrt()
     if not shift_mean:
         out = out + mean

@@ -24,7 +24,9 @@ class Task(Protocol):
         """The task's default rewards, weighted and summed by the reward runner."""
 
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        """Held-out accuracy criterion (greedy pass@1)."""
+        """Held-out accuracy criterion (greedy pass@1). A task may also define
+        `is_correct_batch(prompts, completions) -> list[bool]`, which evaluation then uses instead (the code task
+        runs its programs concurrently that way)."""
 
     def demonstration(self, prompt: Prompt) -> str:
         """A correct, well-formatted completion (used only by the built-in model's supervised warm-up)."""
@@ -43,12 +45,13 @@ def register_task(name: str):
     return add
 
 
-def task_from_config(cfg, reward_functions=None) -> Task:
-    """The configured task: the data set at data.path (see grpo.data.files) when set, else the built-in data.task."""
+def task_from_config(cfg, reward_functions=None, tokenizer=None) -> Task:
+    """The configured task: the data set at data.path (see grpo.data.files) when set, else the built-in data.task.
+    `tokenizer` renders a data set's conversations (default: the tokenizer of model.name)."""
     if cfg.data.path is not None:
         from grpo.data.files import FileTask
 
-        return FileTask.from_config(cfg, reward_functions=reward_functions)
+        return FileTask.from_config(cfg, reward_functions=reward_functions, tokenizer=tokenizer)
     return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
 
 

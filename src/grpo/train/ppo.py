@@ -129,8 +129,7 @@ class Critic:
         total, count = d.reduce([float((adv * keep).sum()), float(keep.sum())])
         mean = total / max(count, 1.0)
         squares = d.sum(float(((adv - mean) ** 2 * keep).sum()))
-        var = squares / max(count - 1.0, 1.0)
-        return (adv - mean) * (var + 1e-8) ** -0.5 * keep
+        return masked_whiten(adv, keep, stats=(mean, squares / max(count - 1.0, 1.0)))
 
     def _all_reduce_grads(self, params) -> None:
         """Sum the critic's gradients over the ranks (each rank's loss is already divided by the job's token count)."""
