@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zero_std_groups
+from grpo.algo import zero_std_groups
+from grpo.algo.registry import advantage_estimator
 from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
@@ -175,13 +176,11 @@ class Trainer:
         return batch
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
-        rewards = rewards.to(self.device)
-        if a.advantage == "grpo":
-            return group_advantages(rewards, G, std=a.std, scale=a.scale, eps=a.eps)
-        if a.advantage == "dr_grpo":
-            return dr_grpo_advantages(rewards, G)
-        return rloo_advantages(rewards, G)
+        """(N,) rewards -> (N,) advantages from the registered estimator algo.advantage (grpo.algo.registry)."""
+        a = self.cfg.algo
+        estimator = advantage_estimator(a.advantage)
+        return estimator(rewards.to(self.device), group_size=self.cfg.rollout.group_size, std=a.std, scale=a.scale,
+                         eps=a.eps)
 
     def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
         total, adv = self.dist.gather_cat(scores.total), self.dist.gather_cat(adv)  # the job's, with several ranks
