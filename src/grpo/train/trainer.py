@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-import resource
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +26,7 @@ from grpo.models.loading import load_policy
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
+from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
@@ -38,10 +38,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class Trainer:
