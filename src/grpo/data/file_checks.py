@@ -213,11 +213,16 @@ def _bad_json_line(shown: str, number: int, text: str, newline: bool, e: ValueEr
     where = f"{shown} line {number}"
     if not isinstance(e, json.JSONDecodeError):
         return f"{where}: {e}"
-    detail = f"{e.msg}, column {e.colno}"
+    detail = _where_in_line(e)
     if not newline:
         return (f"{where}: the last line is not complete JSON ({detail}): the file ends in the middle of a row, so "
                 "it was probably cut off (an interrupted write or copy); complete or delete that line")
     return f"{where}: not valid JSON ({detail}); each line must be one complete JSON object"
+
+
+def _where_in_line(e: json.JSONDecodeError) -> str:
+    """'Expecting value at column 5', 'Unterminated string starting at column 13'."""
+    return f"{e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}"
 
 
 def _what(value: Any) -> str:
@@ -238,9 +243,10 @@ def _check_json_array(data: bytes, shown: str) -> None:
     try:
         rows = _loads(text)
     except json.JSONDecodeError as e:
-        cut = e.pos >= len(text.rstrip())
-        raise DataFileError(f"{shown} line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
-                            + ("; the file ends in the middle of the array (cut off?)" if cut else "")) from None
+        cut = e.lineno >= text.rstrip().count("\n") + 1  # on the last line: the file ends inside the array
+        raise DataFileError(f"{shown} line {e.lineno}: not valid JSON ({_where_in_line(e)})"
+                            + ("; the file ends in the middle of the array, so it was probably cut off" if cut
+                               else "")) from None
     except ValueError as e:
         raise DataFileError(f"{shown}: {e}") from None
     if not rows:
