@@ -98,7 +98,8 @@ def test_a_column_with_text_and_numbers_names_both_lines(tmp_path):
 
 
 def test_nan_and_duplicate_keys_are_not_json_rows(tmp_path):
-    assert "line 13: NaN is not JSON" in error_of(write(tmp_path, "nan.jsonl", GOOD + b'{"prompt": "q", "answer": NaN}\n'))
+    nan = GOOD + b'{"prompt": "q", "answer": NaN}\n'
+    assert "line 13: NaN is not JSON" in error_of(write(tmp_path, "nan.jsonl", nan))
     dup = GOOD + b'{"prompt": "q", "prompt": "r", "answer": "1"}\n'
     assert "line 13: key 'prompt' appears twice" in error_of(write(tmp_path, "dup.jsonl", dup))
 
@@ -109,7 +110,8 @@ def test_a_json_array_file_loads_and_a_cut_one_names_the_line(tmp_path):
     assert len(t.split("train", 99)) + len(t.split("test", 99)) == len(ROWS)
     msg = error_of(write(tmp_path, "cut.json", data[:-30]))
     assert "cut.json line" in msg and "cut off" in msg
-    assert "item 2 of the array: a number" in error_of(write(tmp_path, "mixed.json", b'[{"prompt": "q"}, {"prompt": "r"}, 3]'))
+    mixed = write(tmp_path, "mixed.json", b'[{"prompt": "q"}, {"prompt": "r"}, 3]')
+    assert "item 2 of the array: a number" in error_of(mixed)
 
 
 @pytest.mark.parametrize(("name", "compress"), [("d.jsonl.gz", gzip.compress), ("d.jsonl", gzip.compress),
@@ -146,7 +148,8 @@ def _mutations():
     flip = st.tuples(st.integers(0, len(GOOD) - 1), st.integers(0, 255)).map(
         lambda t: ("flip", lambda b: b[:t[0]] + bytes([t[1]]) + b[t[0] + 1:]))
     value = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5),
-                      st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                      st.lists(st.integers(), max_size=2),
+                      st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
     retype = st.tuples(st.integers(0, len(ROWS) - 1), st.sampled_from(["prompt", "answer", "extra"]), value).map(
         lambda t: ("retype", lambda b: _retype(b, *t)))
     noise = st.binary(max_size=200).map(lambda junk: ("noise", lambda b: junk))
