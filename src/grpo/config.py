@@ -14,11 +14,9 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from grpo.errors import ConfigError  # the user-error hierarchy lives in grpo.errors; re-exported here
+
 PRESET_DIR = Path(__file__).parent / "presets"
-
-
-class ConfigError(ValueError):
-    """A config value, key or file that cannot be used; the message names the field."""
 
 
 class _Section(BaseModel):
@@ -70,6 +68,8 @@ class RewardConfig(_Section):
     weights: list[float] | None = None
     timeout_s: float = Field(10.0, gt=0.0)
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
+    max_missing_steps: int = Field(3, ge=1, description="stop the run (exit 3) when a weighted reward function "
+                                   "gives no value for any sample (None, timeout, error) this many steps in a row")
 
 
 class AlgoConfig(_Section):

@@ -28,6 +28,7 @@ from grpo.parallel import align_batch, check_parallel_config, generation, init_d
 from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
+from grpo.train.rundir import check_output_dir
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
 
@@ -53,7 +54,7 @@ class Trainer:
         set_seed(cfg.train.seed)
         self.console = console
         self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
-        self.run_dir = Path(run_dir or cfg.train.output_dir or default_run_dir(cfg))
+        self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         self.eval_prompts = self.task.split("test", cfg.eval.n)
