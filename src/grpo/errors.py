@@ -12,7 +12,7 @@
         └── Preempted                     SIGINT / SIGTERM: a checkpoint is committed, the run can be resumed
 
 Every input is checked where it enters (data files: grpo.data.file_checks; model directories:
-grpo.models.checks; run directories: grpo.train.rundir; reward names: grpo.rewards.get_reward_function; config:
+grpo.models.checks; run directories: grpo.tracking.rundir; reward names: grpo.rewards.get_reward_function; config:
 grpo.config), so the library raises these same types to Python callers. The command prints one message for them,
 without a traceback (unless `--debug` or GRPO_DEBUG=1), and exits with `exit_code`:
 

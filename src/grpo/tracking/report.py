@@ -20,7 +20,7 @@ def _fmt(v) -> str:
 def write_report(run_dir: Path) -> Path:
     """Write run_dir/report.html and return its path. Raises RunDirError (a UserError and a FileNotFoundError)
     naming what is wrong when run_dir is not a readable run directory."""
-    from grpo.train.rundir import check_run_dir
+    from grpo.tracking.rundir import check_run_dir
 
     run_dir = check_run_dir(run_dir)
     from grpo.tracking.plots import plot_run

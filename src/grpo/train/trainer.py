@@ -28,7 +28,7 @@ from grpo.parallel import align_batch, check_parallel_config, generation, init_d
 from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
-from grpo.train.rundir import check_output_dir
+from grpo.tracking.rundir import check_output_dir
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
 
