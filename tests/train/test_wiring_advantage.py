@@ -1,0 +1,51 @@
+"""Trainer-level wiring of the advantage settings: one `Trainer.step()` on a fixed batch gives the gradient of a
+naive reference written in wiring_helpers.py (loops over groups and tokens, no grpo.algo), and not the default's.
+
+algo.advantage (grpo, dr_grpo, rloo; gae in test_wiring_ppo.py), algo.std, algo.scale, algo.drop_zero_std_groups.
+"""
+
+from __future__ import annotations
+
+import pytest
+from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
+from wiring_helpers import EXTRA_GROUP, FLAT_GROUP, GROUPS, Setting, assert_matches, fixed_step, reference_grad, rows_of
+
+DEFAULT = Setting()
+
+
+@pytest.mark.parametrize("setting", [
+    Setting(advantage="dr_grpo"),
+    Setting(advantage="rloo"),
+    Setting(std="sample"),
+    Setting(scale="batch"),
+    Setting(scale="none"),
+], ids=lambda s: " ".join(s.overrides()))
+def test_advantage_settings_shape_the_gradient(setting, make_trainer):
+    trainer, spy, calls, initial = fixed_step(make_trainer, setting)
+    rows = rows_of(calls[0])
+    assert len(spy.grads) == 1
+    assert_matches(spy.grads[0], reference_grad(initial, rows, setting, G=4),
+                   reference_grad(initial, rows, DEFAULT, G=4))
+
+
+def test_default_grpo_advantage_matches_the_reference(make_trainer):
+    """The default itself (population std, group scale) against the reference; a flipped sign would fail."""
+    trainer, spy, calls, initial = fixed_step(make_trainer, DEFAULT)
+    rows = rows_of(calls[0])
+    want = reference_grad(initial, rows, DEFAULT, G=4)
+    flipped = {k: -v for k, v in want.items()}
+    assert_matches(spy.grads[0], want, flipped)
+
+
+def test_drop_zero_std_groups_trains_on_the_informative_groups_only(make_trainer):
+    """Round 1 samples [a group with equal rewards, GROUPS[0]]; the flat group is dropped and round 2 supplies
+    [GROUPS[1], EXTRA_GROUP], of which the first fills the batch. The update is that of GROUPS[0] + GROUPS[1] (P=2,
+    N=8 in the 1/N), while without dynamic sampling it is that of the flat group + GROUPS[0]."""
+    batches = [[FLAT_GROUP, GROUPS[0]], [GROUPS[1], EXTRA_GROUP]]
+    s = Setting()
+    trainer, spy, calls, initial = fixed_step(make_trainer, s, "algo.drop_zero_std_groups=true", batches=batches)
+    assert len(calls) == 2
+    rows = rows_of(calls[0])[4:] + rows_of(calls[1])[:4]
+    assert [r.reward for r in rows] == [1.0, 0.0, 0.5, 0.0, 0.2, 0.9, 0.7, 0.1]
+    ignored = rows_of(calls[0])  # what the step would train on without dynamic sampling
+    assert_matches(spy.grads[0], reference_grad(initial, rows, s, G=4), reference_grad(initial, ignored, s, G=4))
