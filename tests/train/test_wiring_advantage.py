@@ -7,6 +7,7 @@ algo.advantage (grpo, dr_grpo, rloo; gae in test_wiring_ppo.py), algo.std, algo.
 from __future__ import annotations
 
 import pytest
+import torch
 from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
 from wiring_helpers import EXTRA_GROUP, FLAT_GROUP, GROUPS, Setting, assert_matches, fixed_step, reference_grad, rows_of
 
@@ -49,3 +50,23 @@ def test_drop_zero_std_groups_trains_on_the_informative_groups_only(make_trainer
     assert [r.reward for r in rows] == [1.0, 0.0, 0.5, 0.0, 0.2, 0.9, 0.7, 0.1]
     ignored = rows_of(calls[0])  # what the step would train on without dynamic sampling
     assert_matches(spy.grads[0], reference_grad(initial, rows, s, G=4), reference_grad(initial, ignored, s, G=4))
+
+
+def test_dynamic_sampling_is_bounded_by_max_resample_batches(make_trainer):
+    """Rounds stop at algo.max_resample_batches: a batch left short trains on the informative groups it has (here
+    GROUPS[0] alone, N=4), and a step where no round yields an informative group makes no update and reports the
+    sampled rewards (it used to fail on the empty batch's metrics)."""
+    s = Setting()
+    trainer, spy, calls, initial = fixed_step(make_trainer, s, "algo.drop_zero_std_groups=true",
+                                              "algo.max_resample_batches=2",
+                                              batches=[[FLAT_GROUP, GROUPS[0]], [FLAT_GROUP, FLAT_GROUP]])
+    assert len(calls) == 2
+    rows = rows_of(calls[0])[4:]
+    assert_matches(spy.grads[0], reference_grad(initial, rows, s, G=4), reference_grad(initial, rows_of(calls[0]), s,
+                                                                                      G=4))
+    trainer, spy, calls, initial = fixed_step(make_trainer, s, "algo.drop_zero_std_groups=true",
+                                              "algo.max_resample_batches=3", batches=[[FLAT_GROUP, FLAT_GROUP]] * 3)
+    assert len(calls) == 3
+    assert all(not g.any() for g in spy.grads[0].values())
+    assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in initial.state_dict().items())
+    assert spy.metrics["adv/zero_std_frac"] == 1.0 and spy.metrics["reward/mean"] == pytest.approx(0.3)

@@ -128,6 +128,7 @@ class StepSpy:
     def __init__(self, optimizer, model):
         self.grads: list[dict[str, torch.Tensor]] = []
         self.params: list[dict[str, torch.Tensor]] = []
+        self.metrics: dict[str, float] = {}  # fixed_step: the step's metrics
         named = dict(model.named_parameters())
 
         def spy(optimizer, args, kwargs):
@@ -347,8 +348,9 @@ def reference_grad(model, rows: list[Row], s: Setting, *, G: int, **kwargs) -> d
 
 def fixed_step(make_trainer, s: Setting, *extra: str, batches=None, before=None):
     """A trainer with setting `s` (plus `extra` overrides) whose sampler returns `batches` (default: GROUPS once),
-    run for one step with the optimizer spied on. `before(trainer)` runs first (e.g. to move the policy away from
-    the reference). Returns (trainer, spy, rollouts of each generate call, the policy as it was before the step)."""
+    run for one step with the optimizer spied on (spy.metrics: the step's metrics). `before(trainer)` runs first
+    (e.g. to move the policy away from the reference). Returns (trainer, spy, rollouts of each generate call, the
+    policy as it was before the step)."""
     trainer = make_trainer(*wiring_overrides(*s.overrides(), *extra), reward_functions=TABLE)
     if before is not None:
         before(trainer)
@@ -356,5 +358,5 @@ def fixed_step(make_trainer, s: Setting, *extra: str, batches=None, before=None)
     trainer.sampler = sampler
     initial = copy.deepcopy(trainer.policy)
     spy = StepSpy(trainer.optimizer, trainer.policy)
-    trainer.step()
+    spy.metrics = trainer.step()
     return trainer, spy, sampler.calls, initial
