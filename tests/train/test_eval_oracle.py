@@ -115,7 +115,9 @@ def test_arithmetic_accuracy_is_the_oracles(case, n, right):
 
 
 def write_data_file(tmp_path):
-    rows = [{"prompt": f"How much is {a} plus {b}?", "answer": str(a + b)} for a, b in zip(range(3, 11), range(9, 1, -1))]
+    """3 training rows and 5 held-out rows ('How much is a plus b?', answer a + b); returns the overrides."""
+    pairs = zip(range(3, 11), range(9, 1, -1))
+    rows = [{"prompt": f"How much is {a} plus {b}?", "answer": str(a + b)} for a, b in pairs]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[3:]))
     return [f"data.path={tmp_path / 'train.jsonl'}", f"data.test_path={tmp_path / 'test.jsonl'}",

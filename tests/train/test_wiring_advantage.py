@@ -1,7 +1,8 @@
 """Trainer-level wiring of the advantage settings: one `Trainer.step()` on a fixed batch gives the gradient of a
 naive reference written in wiring_helpers.py (loops over groups and tokens, no grpo.algo), and not the default's.
 
-algo.advantage (grpo, dr_grpo, rloo; gae in test_wiring_ppo.py), algo.std, algo.scale, algo.drop_zero_std_groups.
+algo.advantage (grpo, dr_grpo, rloo; gae in test_wiring_ppo.py), algo.std, algo.scale, algo.eps,
+algo.drop_zero_std_groups and algo.max_resample_batches.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ DEFAULT = Setting()
     Setting(std="sample"),
     Setting(scale="batch"),
     Setting(scale="none"),
+    Setting(eps=0.5),
 ], ids=lambda s: " ".join(s.overrides()))
 def test_advantage_settings_shape_the_gradient(setting, make_trainer):
     trainer, spy, calls, initial = fixed_step(make_trainer, setting)

@@ -13,22 +13,9 @@ import copy
 
 import pytest
 import torch
-from wiring_helpers import (  # noqa: I001  (one_thread: an autouse fixture)
-    one_thread,  # noqa: F401
-    FLAT_GROUP,
-    GROUPS,
-    Setting,
-    assert_matches,
-    fixed_step,
-    flat,
-    kl_term,
-    load_params,
-    perturb_,
-    reference_grad,
-    rel,
-    row_logprobs,
-    rows_of,
-)
+from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
+from wiring_helpers import (FLAT_GROUP, Setting, assert_matches, fixed_step, flat, kl_term, load_params, perturb_,
+                            reference_grad, rel, row_logprobs, rows_of)
 
 G = 4
 DEFAULT = Setting()
