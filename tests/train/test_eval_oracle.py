@@ -1,6 +1,7 @@
 """Evaluation against an oracle: `evaluate_model` and `grpo eval` on a scripted model whose greedy answer to every
 prompt is known give exactly 1.0 (all right), 0.0 (all wrong) and k/n (the first k right), for the arithmetic task,
-a data set file task and the code task, whose programs must really run in the sandbox (a spy counts them).
+a data set file task and the code task, whose programs must really run in the sandbox (a spy counts them), in
+evaluation and in a training step's rewards.
 
 ScriptedLM is a stand-in causal LM that the real Sampler drives (prefill, cache, decode steps, compaction): its
 logits put the next token of a scripted completion on top, so greedy decoding writes exactly that completion.
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from wiring_helpers import FixedSampler
 
 from grpo.cli import main
 from grpo.config import load_config
@@ -194,3 +196,23 @@ def test_grpo_eval_reports_the_oracles_accuracy_for_each_task(cli_model, tmp_pat
     out = cli_eval([cli_model(code_answers(prompts, right), load_config("code")), "--task", "code", "--n", n], capsys)
     assert (out["accuracy"], out["n"], out["task"]) == (expected(n, right), n, "code")
     assert len(sandbox_spy) == n
+
+
+def test_code_task_training_rewards_run_the_programs_in_the_sandbox(make_trainer, sandbox_spy, no_leak):
+    """A training step of the code task scores each fenced program by running it in the sandbox: per group a right
+    program (tests 1, format 1), a hard-coded one (tests 0, format 1), the right one again, and prose without code
+    (nothing to run, 0). So reward/tests = 0.5, reward/format = 0.75, and 3 programs run per prompt."""
+    class CodeSampler(FixedSampler):
+        def generate(self, prompts, n, **kwargs):
+            right, wrong = code_answers(prompts, set(range(len(prompts)))), code_answers(prompts, set())
+            self.batches.append([[(right[p.text], True), (wrong[p.text], True), (right[p.text], True),
+                                  ("f is linear", True)] for p in prompts])
+            return super().generate(prompts, n, **kwargs)
+
+    trainer = make_trainer("data.task=code", "rollout.max_new_tokens=64", "rollout.group_size=4",
+                           reward_functions=None)
+    trainer.sampler = CodeSampler(trainer.tokenizer, [], max_new_tokens=64)
+    metrics = trainer.step()
+    assert metrics["reward/tests"] == 0.5 and metrics["reward/format"] == 0.75
+    assert metrics["reward/mean"] == pytest.approx((1.1 + 0.1 + 1.1 + 0.0) / 4)
+    assert len(sandbox_spy) == 3 * 2
