@@ -34,6 +34,7 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+
 # -------------------------------------------------------------------------------------------------- the batch
 
 # Completions of the fixed batch: (text, ended). ended=True appends EOS; ended=False with len(text) == T is a
@@ -158,15 +159,9 @@ def assert_matches(got: dict, want: dict, default: dict, *, tol: float = 1e-4, a
     assert rel(got, default) > apart
 
 
-def perturbed_copy(model, scale: float, seed: int = 1):
-    """A copy of `model` with Gaussian noise of std `scale` added to every weight matrix."""
-    out = copy.deepcopy(model)
-    perturb_(out, scale, seed)
-    return out
-
-
 @torch.no_grad()
 def perturb_(model, scale: float, seed: int = 1) -> None:
+    """Add Gaussian noise of std `scale` to every weight matrix of `model`, in place (a fixed seed)."""
     g = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         if p.ndim >= 2:
