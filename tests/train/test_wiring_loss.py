@@ -81,11 +81,11 @@ def test_ratio_settings_act_off_policy(setting, make_trainer):
     assert_matches(spy.grads[1], want, default)
 
 
-def away_from_reference(saved: dict):
+def away_from_reference(saved: dict, scale: float = 0.06):
     """A `before` hook: keep the reference policy, then move the trainer's policy away from it."""
     def hook(trainer):
         saved["ref"] = copy.deepcopy(trainer.policy)
-        perturb_(trainer.policy, 0.06)
+        perturb_(trainer.policy, scale)
     return hook
 
 
@@ -140,3 +140,23 @@ def test_an_update_raises_the_log_prob_of_the_better_completions(make_trainer):
         assert change[best] > 0 > change[worst], (rewards, change[g:g + G])
     # and overall the reward-weighted log-likelihood rises
     assert sum((r.reward - 0.45) * c for r, c in zip(rows, change)) > 0
+
+
+@pytest.mark.parametrize("setting", [
+    Setting(epochs=2, ratio_level="sequence", aggregate="token_mean", mask_truncated=True),
+    Setting(epochs=2, policy_loss="cispo", clip_low=1.0, clip_high=0.1, top_entropy_quantile=0.45, temperature=0.8),
+    Setting(epochs=2, kl_coef=0.3, kl_estimator="k2", mask_truncated=True, aggregate="seq_sum_norm", temperature=1.3),
+    Setting(epochs=3, dual_clip=1.5, clip_low=0.1, clip_high=0.3, advantage="rloo"),
+], ids=lambda s: " ".join(s.overrides()))
+def test_combined_settings_match_the_reference_in_every_epoch(setting, make_trainer):
+    """Settings interact (masks with ratios, the temperature with pi_old and the entropy, KL with masks): every
+    update of the batch equals the reference at the parameters it was taken at, with pi_old the sampling policy."""
+    saved = {}
+    trainer, spy, calls, initial = fixed_step(make_trainer, setting, before=away_from_reference(saved, 0.1))
+    rows = rows_of(calls[0])
+    ref = {"ref_model": saved["ref"]} if setting.kl_coef else {}
+    assert len(spy.grads) == setting.epochs
+    for epoch in range(setting.epochs):
+        theta = load_params(initial, spy.params[epoch])
+        want = reference_grad(theta, rows, setting, G=G, old_model=initial if epoch else None, **ref)
+        assert rel(spy.grads[epoch], want) < 1e-4, epoch
