@@ -1,5 +1,5 @@
 """Trainer-level wiring of the optimizer settings and the micro-batching: the applied update is AdamW's with
-optim.lr, optim.betas, optim.weight_decay and the warm-up (written out here), and splitting the batch into
+optim.lr, optim.betas, optim.weight_decay, the warm-up and optim.schedule (written out here), and splitting the batch into
 micro-batches (optim.micro_batch_tokens) leaves the gradient that of the whole batch (global token and sequence
 counts), for every aggregation and with the KL term."""
 
@@ -71,3 +71,22 @@ def test_micro_batches_give_the_whole_batch_gradient(setting, make_trainer):
               reference_grad(initial, rows[4:], setting, G=4, ref_model=saved["ref"])]
     local = {k: halves[0][k] + halves[1][k] for k in want}
     assert_matches(spy.grads[0], want, local)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_the_schedule_sets_each_updates_learning_rate(schedule, make_trainer):
+    """train.steps=1 with algo.epochs=2: 2 updates in all, so the second runs at half the rate (linear: 1 - 1/2;
+    cosine: (1 + cos(pi/2)) / 2), where optim.schedule=constant would keep the full rate."""
+    trainer, spy, calls, initial = fixed_step(make_trainer, Setting(epochs=2), "train.steps=1", "optim.lr=0.01",
+                                              f"optim.schedule={schedule}")
+    after = {k: p.detach().double() for k, p in trainer.policy.named_parameters()}
+    p0 = spy.params[0]
+
+    def delta(x):
+        return {k: x[k] - p0[k].double() for k in x}
+
+    betas = (0.9, 0.99)
+    want = adamw(p0, spy.grads, lrs=[0.01, 0.005], betas=betas, weight_decay=0.0)
+    constant = adamw(p0, spy.grads, lrs=[0.01, 0.01], betas=betas, weight_decay=0.0)
+    assert rel(delta(after), delta(want)) < 1e-4
+    assert rel(delta(constant), delta(want)) > 5e-2
