@@ -1,7 +1,7 @@
 """Trainer-level wiring of the optimizer settings and the micro-batching: the applied update is AdamW's with
-optim.lr, optim.betas, optim.weight_decay, the warm-up and optim.schedule (written out here), and splitting the batch into
-micro-batches (optim.micro_batch_tokens) leaves the gradient that of the whole batch (global token and sequence
-counts), for every aggregation and with the KL term."""
+optim.lr, optim.betas, optim.weight_decay, the warm-up and optim.schedule (written out here), and splitting the
+batch into micro-batches (optim.micro_batch_tokens) leaves the gradient that of the whole batch (global token and
+sequence counts), for every aggregation and with the KL term."""
 
 from __future__ import annotations
 
