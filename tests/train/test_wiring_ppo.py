@@ -15,8 +15,8 @@ import math
 
 import torch
 from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
-from wiring_helpers import (Setting, StepSpy, assert_matches, fixed_step, kl_term, load_params, perturb_, reference_grad,
-                            rel, row_logprobs, rows_of)
+from wiring_helpers import (Setting, StepSpy, assert_matches, fixed_step, kl_term, load_params, perturb_,
+                            reference_grad, rel, row_logprobs, rows_of)
 
 G = 4
 LOSS = Setting(advantage="gae", aggregate="token_mean")  # the policy loss of the ppo preset (no KL in the loss)
