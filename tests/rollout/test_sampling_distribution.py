@@ -19,6 +19,15 @@ TV_BOUND = 0.02  # sampling noise of the empirical TV over 6 tokens at 20000 dra
 LOGITS = {"a": 2.0, "b": 1.2, "c": 0.7, "d": 0.3, "e": -0.2, "f": -1.0}  # every other token: -30
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: one thread is fastest, and torch's spinning workers are costly on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class _Cache:
     def batch_repeat_interleave(self, repeats: int) -> None:
         pass

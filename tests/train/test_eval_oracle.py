@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
 from wiring_helpers import FixedSampler
 
 from grpo.cli import main
