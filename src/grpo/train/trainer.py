@@ -119,6 +119,7 @@ class Trainer:
             scores = self._score(rollouts)
             reward_s += time.perf_counter() - t
             if cfg.algo.drop_zero_std_groups:
+                last = rollouts, scores
                 keep = (~zero_std_groups(scores.total, G)).nonzero()[:, 0].tolist()
                 rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
             kept_r.append(rollouts)
@@ -127,6 +128,9 @@ class Trainer:
                 break
         rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
         scores = concat_scores(kept_s)
+        if cfg.algo.drop_zero_std_groups and not rollouts.prompts:  # nothing informative in any round: the last
+            # round's groups, whose advantages are all 0 (so the metrics and samples still describe what was drawn)
+            rollouts, scores = last
         if len(rollouts.prompts) > P_rank:
             keep = list(range(P_rank))
             rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
