@@ -59,7 +59,6 @@ import math
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -71,9 +70,11 @@ from dataclasses import dataclass
 import psutil
 
 from grpo.rewards._fork import exited as _exited
-from grpo.rewards._sandbox_cmd import command, sandbox_env
+from grpo.rewards import _seccomp
+from grpo.rewards._sandbox_cmd import command, sandbox_env, tool
 
-__all__ = ["SandboxResult", "run_python", "available_backends", "default_backend", "BACKENDS", "STATUSES"]
+__all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "available_backends", "default_backend",
+           "resolve_backend", "set_sandbox_mode", "sandbox_mode", "remove_tree", "BACKENDS", "MODES", "STATUSES"]
 
 logger = logging.getLogger("grpo.rewards")
 
@@ -87,13 +88,14 @@ MAX_FILE_BYTES = 16 * 1024 * 1024  # RLIMIT_FSIZE
 _UID_BASE = 0x70000000  # above the ranges systemd hands out to users and containers
 _STARTED = b"\x1e[grpo-sandbox: program started]\n"
 _KILL_GRACE_S = 1.0
+_CLEANUP_S = 5.0  # at most this long (and never longer than the call's timeout) to delete a run's directory
 
 _BOOT = """\
 import os, resource, sys
 for _k, _v in {limits!r}:
     resource.setrlimit(getattr(resource, _k), (_v, _v))
 os.write(2, {marker!r})
-sys.argv = ["main.py"]
+sys.argv = {argv!r}
 with open("main.py", encoding="utf-8") as _f:
     _src = _f.read()
 del _f, _k, _v
@@ -124,34 +126,98 @@ def run_python(
     backend: str | None = None,
     max_processes: int = MAX_PROCESSES,
     site_packages: bool = True,
+    secret: bytes | None = None,
 ) -> SandboxResult:
     """Run `code` as a Python program in a fresh sandbox and return its SandboxResult.
 
     timeout: wall-clock seconds before the whole sandbox is SIGKILLed (status "timeout").
     memory_mb: address-space limit of each process (RLIMIT_AS); allocations beyond it raise MemoryError.
     stdin: data for the program's standard input (empty by default).
-    backend: "bwrap" | "unshare" | "rlimit" | None (None: GRPO_SANDBOX_BACKEND, else the first that works here).
+    backend: "bwrap" | "unshare" | "rlimit" | None. None: GRPO_SANDBOX_BACKEND if set, else bwrap; without a working
+        bwrap this raises SandboxUnavailable unless set_sandbox_mode("unsafe_local") allowed the fallbacks. Naming
+        "unshare" or "rlimit" (here or in the variable) runs without filesystem isolation, with a warning.
     max_processes: RLIMIT_NPROC, processes plus threads (a program starting more threads gets an error).
     site_packages: False starts the interpreter with -S: the standard library only, and a start about 20 ms
         faster (no site-packages to scan), for programs that need nothing else.
+    secret: bytes delivered on a pipe whose read end is open in the program as file descriptor int(sys.argv[1]);
+        nothing else (stdin, environment, files) carries them. The code harness reads and closes it (_harness.py).
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0, got {timeout!r}")
     if memory_mb < 64:
         raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {memory_mb!r}")
-    name = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or default_backend()
-    if name not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}")
-    if backend is not None or os.environ.get("GRPO_SANDBOX_BACKEND"):
-        reason = _probe(name)
-        if reason:
-            return SandboxResult(
-                "sandbox_error", "", f"sandbox backend {name!r} does not work here: {reason}", 0.0, None, name
-            )
     if max_processes < 1:
         raise ValueError(f"max_processes must be >= 1, got {max_processes!r}")
+    named = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    if named is not None and named not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
+    if named is not None:
+        reason = _probe(named)
+        if reason:
+            return SandboxResult(
+                "sandbox_error", "", f"sandbox backend {named!r} does not work here: {reason}", 0.0, None, named
+            )
+    name = resolve_backend(named)
     return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name, max_processes=max_processes,
-                site_packages=site_packages)
+                site_packages=site_packages, secret=secret)
+
+
+class SandboxUnavailable(RuntimeError):
+    """No safe sandbox here (bubblewrap missing or not working) and no unsafe fallback was asked for by name."""
+
+
+MODES = ("auto", "bwrap", "unsafe_local")
+_mode = ["auto"]
+_warned_unsafe: set[str] = set()
+
+
+def set_sandbox_mode(mode: str) -> None:
+    """The process-wide choice when no backend is named (`reward.sandbox`): "auto" and "bwrap" run programs under
+    bubblewrap only and refuse without it; "unsafe_local" also allows the unshare/rlimit fallbacks (a warning says
+    so in each process that uses one)."""
+    if mode not in MODES:
+        raise ValueError(f"reward.sandbox must be one of {', '.join(MODES)}, got {mode!r}")
+    _mode[0] = mode
+
+
+def sandbox_mode() -> str:
+    """The mode set_sandbox_mode last set ("auto" by default)."""
+    return _mode[0]
+
+
+def resolve_backend(named: str | None = None) -> str:
+    """The backend a call runs under: `named` (or GRPO_SANDBOX_BACKEND) as is; else bwrap when it works; else, in
+    mode unsafe_local, the first fallback that works. Raises SandboxUnavailable (saying how to install bubblewrap)
+    when nothing may run. A fallback logs a WARNING once per process."""
+    named = named or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    if named is not None:
+        if named not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
+        _warn_unsafe(named, "named")
+        return named
+    why = _probe("bwrap")
+    if not why:
+        return "bwrap"
+    if _mode[0] == "unsafe_local":
+        for b in BACKENDS[1:]:
+            if not _probe(b):
+                _warn_unsafe(b, f"reward.sandbox=unsafe_local, bubblewrap unavailable: {why}")
+                return b
+    raise SandboxUnavailable(
+        f"refusing to run model-written code: bubblewrap (bwrap) is not available here ({why}). Install it "
+        "with `apt-get install bubblewrap` (Debian/Ubuntu; `dnf install bubblewrap` on Fedora), or, only on a "
+        "machine you can afford to expose to the program, run the unsafe fallback by name: reward.sandbox="
+        "unsafe_local (config), or backend='unshare'/'rlimit' / GRPO_SANDBOX_BACKEND (docs/rewards.md)"
+    )
+
+
+def _warn_unsafe(backend: str, why: str) -> None:
+    if backend != "bwrap" and backend not in _warned_unsafe:
+        _warned_unsafe.add(backend)
+        logger.warning(
+            "sandbox backend %r (%s): model-written code runs WITHOUT filesystem isolation%s; it can read the "
+            "host's files and leave files in /tmp (docs/rewards.md, the sandbox)", backend, why,
+            " or network isolation" if backend == "rlimit" else "")
 
 
 def available_backends() -> list[str]:
@@ -160,11 +226,8 @@ def available_backends() -> list[str]:
 
 
 def default_backend() -> str:
-    """The backend `run_python` uses when none is forced: the first of BACKENDS that works here."""
-    for b in BACKENDS:
-        if not _probe(b):
-            return b
-    return "rlimit"
+    """The backend `run_python` uses when none is named (see resolve_backend; raises SandboxUnavailable)."""
+    return resolve_backend(None)
 
 
 # ----------------------------------------------------------------------------------------------- backend probing
@@ -184,9 +247,9 @@ def _probe(backend: str) -> str:
 
 
 def _probe_uncached(backend: str) -> str:
-    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(backend)
-    if tool and not shutil.which(tool):
-        return f"`{tool}` not found on PATH"
+    name = {"bwrap": "bwrap", "unshare": "unshare"}.get(backend)
+    if name and not tool(name):
+        return f"`{name}` not found on PATH"
     if not sys.platform.startswith("linux") and backend != "rlimit":
         return "namespaces need Linux"
     res = _run("import sys; sys.exit(0)", timeout=20.0, memory_mb=512, stdin=None, backend=backend)
@@ -207,6 +270,7 @@ def _run(
     backend: str,
     max_processes: int = MAX_PROCESSES,
     site_packages: bool = True,
+    secret: bytes | None = None,
 ) -> SandboxResult:
     token = secrets.token_hex(8)
     uid = _UID_BASE + secrets.randbelow(1 << 24)
@@ -218,10 +282,10 @@ def _run(
         ("RLIMIT_FSIZE", MAX_FILE_BYTES),
         ("RLIMIT_CORE", 0),
     ]
-    boot = _BOOT.format(limits=limits, marker=_STARTED)
     workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
     t0 = time.monotonic()
     proc = None
+    fds: list[int] = []  # read ends handed to the sandbox (the secret, the seccomp filter); closed here afterwards
     try:
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
@@ -229,7 +293,17 @@ def _run(
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         with open(os.path.join(workdir, "stdin"), "wb") as f:
             f.write(data)
-        cmd = command(backend, workdir, boot, uid, site_packages=site_packages)
+        argv = ["main.py"]
+        if secret is not None:
+            fds.append(_pipe_with(secret))
+            argv.append(str(fds[-1]))
+        filt = _seccomp.build() if backend == "bwrap" else None
+        seccomp_fd = None
+        if filt is not None:
+            fds.append(_pipe_with(filt))
+            seccomp_fd = fds[-1]
+        boot = _BOOT.format(limits=limits, marker=_STARTED, argv=argv)
+        cmd = command(backend, workdir, boot, uid, site_packages=site_packages, seccomp_fd=seccomp_fd)
         if backend != "bwrap" and os.geteuid() == 0 and any(a.startswith("--reuid=") for a in cmd):
             os.chown(workdir, uid, uid)
         with open(os.path.join(workdir, "stdin"), "rb") as fin:
@@ -243,11 +317,15 @@ def _run(
                     env=sandbox_env(workdir, token),
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=tuple(fds),
                 )
             except OSError as e:
                 return SandboxResult(
                     "sandbox_error", "", f"could not start the sandbox: {e}", time.monotonic() - t0, None, backend
                 )
+        for fd in fds:
+            os.close(fd)
+        fds.clear()
         deadline = t0 + timeout
         out, err, timed_out, overflow = _communicate(proc, deadline)
         if not (timed_out or overflow):
@@ -255,9 +333,85 @@ def _run(
         _kill_all(proc, backend, token, kill_first=timed_out or overflow)
         return _result(proc.returncode, out, err, timed_out, overflow, time.monotonic() - t0, backend)
     finally:
+        for fd in fds:
+            os.close(fd)
         if proc is not None and proc.returncode is None:
             _kill_all(proc, backend, token, kill_first=True)
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_tree(workdir, time.monotonic() + min(timeout, _CLEANUP_S))
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe holding `data` with its write end closed: -> the read end (inheritable, for pass_fds)."""
+    if len(data) > 60000:  # a pipe buffer holds 64 KiB; more would block this thread
+        raise ValueError(f"sandbox pipe data of {len(data)} bytes is too long")
+    r, w = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view):]
+    finally:
+        os.close(w)
+    return r
+
+
+def remove_tree(path: str, deadline: float) -> bool:
+    """Delete `path` and everything under it without recursion (a 3,000-deep tree is fine) and without raising:
+    errors are skipped, and the work stops at `deadline` (time.monotonic()). -> True if the path is gone. What is
+    left (a program's mess that cannot be removed in time) is logged, never raised."""
+    stack = [path]
+    try:
+        while stack:
+            if time.monotonic() > deadline:
+                break
+            top = stack[-1]
+            try:
+                entries = list(os.scandir(top))
+            except NotADirectoryError:
+                entries = None
+            except OSError:
+                entries = []
+            if entries is None:  # a file or a link where a directory was
+                _unlink(top)
+                stack.pop()
+                continue
+            subdirs = []
+            for e in entries:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e.path)
+                    else:
+                        os.unlink(e.path)
+                except OSError:
+                    continue
+            if subdirs:
+                stack.extend(subdirs)
+                if len(stack) > 1_000_000:
+                    break
+                continue
+            try:
+                os.rmdir(top)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                try:  # a directory without write/search permission for us: open it up once, then try again
+                    os.chmod(top, 0o700)
+                    os.rmdir(top)
+                except OSError:
+                    pass
+            stack.pop()
+    except Exception:  # noqa: BLE001 - cleanup never raises
+        pass
+    gone = not os.path.lexists(path)
+    if not gone:
+        logger.warning("sandbox cleanup: could not remove all of %s within the time limit; left in place", path)
+    return gone
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _Stream:
