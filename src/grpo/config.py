@@ -70,6 +70,10 @@ class RewardConfig(_Section):
     weights: list[float] | None = None
     timeout_s: float = Field(10.0, gt=0.0)
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
+    sandbox: Literal["auto", "bwrap", "unsafe_local"] = Field(
+        "auto", description="where code rewards run model-written programs: auto/bwrap = bubblewrap only (refuse "
+                            "without it); unsafe_local = also the unshare/rlimit fallbacks, without filesystem "
+                            "isolation (a warning each run; docs/rewards.md)")
 
 
 class AlgoConfig(_Section):
