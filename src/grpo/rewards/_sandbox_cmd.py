@@ -183,6 +183,7 @@ def command(backend: str, workdir: str, boot: str, uid: int, site_packages: bool
     drop = _drop_uid(uid, inside_bwrap=False)
     if backend == "unshare":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        ns = [tool("unshare") or "unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--ipc", "--uts", *user, "--"]
+        ns = [tool("unshare") or "unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--ipc",
+              "--uts", *user, "--"]
         return [*pdeath, *ns, *drop, *py]
     return [drop[0], "--pdeathsig", "KILL", *drop[1:], *py] if drop else [*pdeath, *py]

@@ -20,12 +20,17 @@ afterwards); an environment with nothing but PATH, HOME, LANG, MALLOC_ARENA_MAX;
 applied by the interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer
 is one).
 
-Backends (the first that works on this machine is used; force one with `backend=` or GRPO_SANDBOX_BACKEND):
+Backends. Safe by default: without a working bwrap, run_python raises SandboxUnavailable (saying how to install it)
+unless an unsafe fallback is asked for by name: `backend=` / GRPO_SANDBOX_BACKEND, or set_sandbox_mode("unsafe_local")
+(the config's reward.sandbox), which allows the first of unshare/rlimit that works; a fallback logs a WARNING once
+per process. The binaries are resolved to absolute paths once per process (_sandbox_cmd.tool).
 
   bwrap    Debian's bubblewrap. New pid, network, ipc, uts (and cgroup) namespaces; a new root that holds only
            /usr (+ the /bin, /lib, ... links), the Python installation and the dynamic loader's /etc files, all
-           read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp and /work (the working
-           directory). Host files outside those are invisible. --die-with-parent, --new-session, --clearenv.
+           read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp, /dev/shm and /work (the
+           working directory), new each run. Host files outside those are invisible. --die-with-parent,
+           --new-session, --clearenv; a seccomp filter (_seccomp.py: no new user namespaces, no memfd/shmget, no
+           ptrace); --disable-userns as a normal user when bwrap has it.
   unshare  util-linux `unshare`: the same pid, network, ipc and uts namespaces, but NO filesystem isolation: the
            program sees the host's files with the permissions of its uid (below) and works in a private temporary
            directory on the host.
@@ -44,10 +49,11 @@ unprivileged uid, then the namespace kill); large allocations (RLIMIT_AS); huge 
 access (empty network namespace); daemons that setsid() and outlive the program (killed with the pid namespace);
 signals to host processes (pid namespace); privilege escalation through setuid binaries (no_new_privs).
 
-What is NOT covered: no seccomp syscall filter, so a kernel vulnerability is an escape; no cgroup, so memory is
-limited per process (up to MAX_PROCESSES x memory_mb in all) and CPU time is shared with the host; readable files
-under /usr and the Python installation (e.g. installed packages) are visible; timing and other side channels;
-code that games the test harness from inside its own interpreter (e.g. objects whose __eq__ always returns True).
+What is NOT covered: the seccomp filter is a short deny list, so a kernel vulnerability in an allowed call is an
+escape; no cgroup, so memory is bounded by MAX_PROCESSES x memory_mb plus the tmpfs sizes and CPU time is shared with
+the host; readable files under /usr and the Python installation (e.g. installed packages) are visible; timing and
+other side channels. (Gaming the verdict from inside the program's interpreter is code_exec's concern: it judges
+outside the sandbox.)
 This is a guard against buggy and reward-hacking model output, not a boundary against a determined attacker: for
 that run code rewards on separate machines (SandboxFusion, E2B, ...).
 """
@@ -70,8 +76,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from grpo.rewards._fork import exited as _exited
 from grpo.rewards import _seccomp
+from grpo.rewards._fork import exited as _exited
 from grpo.rewards._sandbox_cmd import command, sandbox_env, tool
 
 __all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "available_backends", "default_backend",
