@@ -104,8 +104,29 @@ def _nondumpable():
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
+def _sha256():
+    try:
+        from _sha256 import sha256  # Python <= 3.11, without loading OpenSSL
+    except ImportError:
+        try:
+            from _sha2 import sha256  # Python >= 3.12
+        except ImportError:
+            from hashlib import sha256
+    return sha256
+
+
+def _hmac_sha256(key, msg):
+    """HMAC-SHA256 (RFC 2104) in hex, as hmac.new(key, msg, hashlib.sha256).hexdigest() computes it."""
+    sha256 = _sha256()
+    if len(key) > 64:
+        key = sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    inner = sha256(bytes(b ^ 0x36 for b in key) + msg).digest()
+    return sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
+
+
 def _main():
-    import hashlib, hmac, select, signal
+    import select, signal
     try:
         _nondumpable()
         secret_fd = int(sys.argv[1])
@@ -153,7 +174,7 @@ def _main():
     state = ("exit%d" % os.WEXITSTATUS(status)) if os.WIFEXITED(status) else ("sig%d" % os.WTERMSIG(status))
     body = bytes(payload[:MAX_PAYLOAD])
     rest = ("%s %d\n" % (state, len(body))).encode()
-    mac = hmac.new(key, rest + body, hashlib.sha256).hexdigest()
+    mac = _hmac_sha256(key, rest + body)
     _write_all(1, b"GRPO-FRAME " + mac.encode() + b" " + rest + body)
     os._exit(0)
 

@@ -27,7 +27,10 @@ MAX_CHARS = 32_000
 # security comes from `decode` and from the expected values staying outside).
 ENCODER_SRC = r'''
 def _grpo_make_encoder(max_depth, max_chars):
-    from json.encoder import encode_basestring_ascii as _estr
+    try:
+        from _json import encode_basestring_ascii as _estr  # the C function itself: no json/re/enum imports
+    except ImportError:
+        from json.encoder import encode_basestring_ascii as _estr
     _type, _repr_int, _repr_float, _len, _join = type, int.__repr__, float.__repr__, len, ",".join
     _I, _F, _S, _B, _N, _L, _T, _D, _SET, _FS = int, float, str, bool, type(None), list, tuple, dict, set, frozenset
     _specials = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
