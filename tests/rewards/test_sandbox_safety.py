@@ -117,6 +117,21 @@ def test_bwrap_dev_shm_fills_up_at_its_cap(no_leak):
     assert int(written) <= _sandbox_cmd.TMPFS_BYTES >> 20 and errno_ == "28"  # ENOSPC
 
 
+def test_bwrap_command_line_as_root_and_as_a_user(tmp_path, monkeypatch):
+    """As a user bwrap makes the user namespace itself: --disable-userns closes it to the program (when this bwrap
+    has the flag); as root there is no user namespace and the seccomp filter does that job. Both load the filter."""
+    (tmp_path / "main.py").write_text("pass")
+    monkeypatch.setattr(_sandbox_cmd, "bwrap_disables_userns", lambda: True)
+    for euid, userns in ((0, False), (1000, True)):
+        monkeypatch.setattr(_sandbox_cmd.os, "geteuid", lambda euid=euid: euid)
+        cmd = _sandbox_cmd.command("bwrap", str(tmp_path), "pass", 0, seccomp_fd=7)
+        head = cmd[:cmd.index("--")]
+        assert ("--disable-userns" in head) == userns and ("--unshare-all" in head) == userns
+        assert head[head.index("--seccomp") + 1] == "7"
+        assert head[head.index("/dev/shm") - 3:head.index("/dev/shm")] == ["--size", str(_sandbox_cmd.TMPFS_BYTES),
+                                                                          "--tmpfs"]
+
+
 def test_seccomp_filter_is_known_for_x86_64_and_aarch64_only():
     for m in ("x86_64", "aarch64"):
         prog = _seccomp.build(m)
