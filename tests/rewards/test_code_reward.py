@@ -132,3 +132,13 @@ def test_through_the_runner(backend, monkeypatch, no_leak):
         res = runner(["p"] * 3, [GOOD, WRONG, exits], {"tests": [TESTS] * 3})
     assert res.per_function["code"].tolist() == [1.0, 0.0, 0.0]
     assert not res.missing.any()
+
+
+def test_a_hanging_test_keeps_the_values_before_it(no_leak):
+    """The harness stops waiting at 75 % of the timeout and sends what it has: with partial=True the tests before
+    the hang still count."""
+    tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4", "assert add(5, 5) == 10"]
+    hangs = fenced("def add(a, b):\n    while a == 2:\n        pass\n    return a + b")
+    t0 = time.monotonic()
+    assert list(code_tests(None, [hangs], [tests], timeout=3.0, partial=True)) == [0.5]
+    assert time.monotonic() - t0 < 3.0 + 2.0
