@@ -182,10 +182,11 @@ _warned_unsafe: set[str] = set()
 def set_sandbox_mode(mode: str) -> None:
     """The process-wide choice when no backend is named (`reward.sandbox`): "auto" and "bwrap" run programs under
     bubblewrap only and refuse without it; "unsafe_local" also allows the unshare/rlimit fallbacks (a warning says
-    so in each process that uses one)."""
+    so at the first use after each call of this function, i.e. once per training run, and once per process)."""
     if mode not in MODES:
         raise ValueError(f"reward.sandbox must be one of {', '.join(MODES)}, got {mode!r}")
     _mode[0] = mode
+    _warned_unsafe.clear()  # each training run (which sets the mode) warns again when it uses a fallback
 
 
 def sandbox_mode() -> str:
