@@ -47,6 +47,17 @@ def _train(args) -> int:
     from rich.console import Console
 
     trainer = Trainer(cfg, console=None if args.quiet else Console(highlight=False, markup=False))
+    if args.preflight:  # the check alone: exit 1 when the run cannot learn
+        from grpo.train.preflight import run_preflight
+
+        try:
+            report = run_preflight(trainer)
+        finally:
+            trainer.close()
+        print("\n".join(report.lines()))
+        if args.json:
+            print(json.dumps({"stats": report.stats, "verdicts": [v.__dict__ for v in report.verdicts]}))
+        return 1 if report.fatal else 0
     try:
         summary = trainer.train(resume=args.resume)
     finally:
@@ -115,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     t.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
+    t.add_argument("--preflight", action="store_true", help="only sample a few groups with the starting model and "
+                   "say whether the run can learn (truncation, zero-spread groups, rewards); exit 1 if not")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="held-out greedy accuracy of a saved model directory")
     e.add_argument("model_dir")
@@ -164,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         from grpo.rewards import RewardFunctionError
         from grpo.train.checkpoint import CheckpointError
         from grpo.train.loop import NonFiniteError
+        from grpo.train.preflight import PreflightError
 
-        if isinstance(e, (NonFiniteError, CheckpointError, RewardFunctionError)):
+        if isinstance(e, (NonFiniteError, CheckpointError, RewardFunctionError, PreflightError)):
             print(f"grpo: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         raise
