@@ -81,7 +81,7 @@ def test_run_counts_and_names_the_skipped_batch_and_continues(make_trainer, monk
     nan_logits_at(monkeypatch, {2}, trainer)
     summary = trainer.train()
     out = capsys.readouterr().out
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1:]  # [0]: step 0, the accuracy before training
     assert [r["train/skipped_updates"] for r in rows] == [0, 1, 0]
     assert [r["train/skipped_steps"] for r in rows] == [0, 1, 1]
     assert summary["steps"] == 3 and summary["skipped_steps"] == 1

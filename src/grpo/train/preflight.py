@@ -142,10 +142,10 @@ def judge(stats: dict) -> list[Verdict]:
     n, mnt = s["groups"] * s["group_size"], s["max_new_tokens"]
     trunc = s["truncated_frac"]
     if trunc >= 0.9 and s["zero_spread_frac"] >= 0.5:  # cut off, and the cut-off answers give no signal
-        out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt} without ending: "
-                                    f"raise it (e.g. rollout.max_new_tokens={_raise(mnt)}), or check that the model "
-                                    "can emit its end-of-sequence token (and "
-                                    f"{s['zero_spread_frac']:.0%} of the groups have zero reward spread)"))
+        out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
+                                    f"rollout.max_new_tokens={_raise(mnt)}), or check that the model can emit its "
+                                    f"end-of-sequence token; cut off, {s['zero_spread_frac']:.0%} of the groups have "
+                                    "zero reward spread and teach nothing"))
     elif trunc >= 0.5:
         out.append(Verdict("warn", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
                                    f"rollout.max_new_tokens={_raise(mnt)}); cut-off answers usually score 0"))
@@ -176,9 +176,10 @@ def judge(stats: dict) -> list[Verdict]:
         out.append(Verdict("warn", f"the sampler's log-probs differ from the trainer's by {s['logp_gap']:.3f} "
                                    "nats/token on the same tokens: the two do not compute the same policy, so "
                                    "updates are off-policy; try model.dtype=float32 or check how the model is loaded"))
-    if s["completion_len_mean"] < 1.0:
+    if s["completion_len_mean"] <= 1.0:
         out.append(Verdict("warn", f"completions are nearly empty ({s['completion_len_mean']:.1f} tokens on "
-                                   "average): the model ends at once; check the prompt format or chat template"))
+                                   "average, the end-of-sequence token included): the model ends at once; check the "
+                                   "prompt format or chat template"))
     out.sort(key=lambda v: v.level != "fatal")
     if not out:
         out.append(Verdict("ok", f"healthy: {trunc:.0%} truncated, {s['zero_spread_frac']:.0%} of groups with "
