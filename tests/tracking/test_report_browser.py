@@ -73,5 +73,3 @@ def test_report_renders_in_headless_chromium(tmp_path, monkeypatch, capsys):
     shot = tmp_path / "report.png"
     res = chromium(f"--screenshot={shot}", "--window-size=1200,2400", "--hide-scrollbars", (run / "report.html").as_uri())
     assert res.returncode == 0 and shot.stat().st_size > 20_000, res.stderr[-2000:]
-    keep = run.parent / "report-screenshot.png"
-    shutil.copy(shot, keep)
