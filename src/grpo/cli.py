@@ -97,7 +97,7 @@ def _eval(args) -> int:
                                   max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                   temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
-    out = {**res, "task": task.name if cfg.data.path is None else cfg.data.path, "model": str(path)}
+    out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem
         Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         out["output"] = args.output

@@ -59,7 +59,7 @@ def test_grpo_eval_pass_at_k_on_a_data_file_with_a_reward_file(tiny_model_dir, t
                  "--output", str(out), "--json"]) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert res["n"] == len(rows) == 5 and res["k"] == 3 and res["samples"] == 4 and res["task"] == "d.jsonl"
+    assert res["n"] == len(rows) == 5 and res["k"] == 3 and res["samples"] == 4 and res["data"] == "d.jsonl"
     for r in rows:
         assert len(r["samples"]) == len(r["samples_correct"]) == 4
         assert r["samples_correct"] == [len(c) % 2 == 0 for c in r["samples"]]

@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -318,12 +317,13 @@ def run_training(trainer, resume: bool = False) -> dict:
                 run.step(metrics_file, samples_file)
             if guard.requested:
                 return run.stop()
+        except BaseException:
+            run.trackers.close()  # a failure: close the trackers' runs (else _finish does, after the summary)
+            raise
         finally:
             con.stop()
             metrics_file.close()
             samples_file.close()
-            if sys.exc_info()[0] is not None:  # a failure: close the trackers' runs (else _finish does)
-                run.trackers.close()
         return _finish(run)
 
 
