@@ -107,7 +107,7 @@ def test_ppo_ddp_on_two_processes_equals_one_process(one_process, tmp_path):
         trainer.close()
     torchrun(overrides(model, data, two, "parallel.strategy=ddp"), cwd=tmp_path, preset="ppo")
     assert_same_parameters(one / "final", two / "final", model)
-    for a, b in zip(metrics(one), metrics(two)):
+    for a, b in zip(metrics(one)[1:], metrics(two)[1:]):  # [0]: step 0, the accuracy before training
         for key in ("loss/value", "critic/grad_norm", "loss/policy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 
