@@ -129,8 +129,8 @@ def test_backward_keeps_no_vocabulary_sized_tensor():
         logp, _ = hidden_token_logprobs(hidden, weight, targets, chunk_size=8, with_entropy=True)
     ptrs = {hidden.data_ptr(), weight.data_ptr(), targets.data_ptr()}
     others = [x for x in saved if x.data_ptr() not in ptrs]
-    assert [tuple(x.shape) for x in others] == [(N * T,)]  # the log-sum-exp of each position
-    assert len(saved) == 4
+    assert [tuple(x.shape) for x in others] == [(N * T,), (N * T,)]  # each position's max and sum of exp
+    assert len(saved) == 5
 
 
 def test_checks():

@@ -17,7 +17,7 @@ Logits of -inf (a banned token) are allowed: they get probability 0 and contribu
 
 `hidden_token_logprobs` goes one step further for a plain linear output head: it takes the final hidden states
 h (N, T, H) and the head's weight W (V, H) and never forms the (N, T, V) logits at all. Each chunk of rows
-computes its logits x = h W^T, keeps one float per row (the log-sum-exp), and drops them; the backward pass
+computes its logits x = h W^T, keeps two floats per row (the row's max and sum of exponentials), and drops them; the backward pass
 recomputes each chunk's logits and turns them into the gradients directly,
     u_t = (onehot(y_t) - softmax(z_t)) * g_t / tau              (chunk, V), g the upstream gradient of logp_t
     dL/dh_t = u_t W,   dL/dW = sum_t u_t^T h_t
@@ -152,21 +152,21 @@ def _head_logits(h: Tensor, weight: Tensor, temperature: float, dtype: torch.dty
 
 
 def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
-    """z (c, V) tempered logits (overwritten) -> (logp of targets (c,), log-sum-exp (c,), entropy (c,) or None).
-
-    H = lse - sum_v p_v z_v = log s - sum_v e_v (z_v - m) / s, with m the row max, e = exp(z - m), s = sum e."""
-    picked = z.gather(-1, targets[:, None])[:, 0]
+    """z (c, V) tempered logits (overwritten) -> (logp of targets, row max m, s = sum exp(z - m), entropy or None),
+    each (c,). logp = (z_y - m) - log s; H = log s - sum_v e_v (z_v - m) / s with e = exp(z - m). Keeping m and s
+    apart (not lse = m + log s) keeps the softmax exp(z - m) / s of the backward pass accurate to one rounding of s
+    at a vocabulary of 150k (lse rounds at the scale of the largest logit)."""
     m = z.amax(-1, keepdim=True)
     zm = z.sub_(m)
+    picked = zm.gather(-1, targets[:, None])[:, 0]
     if with_entropy:
         e = zm.exp()
         s = e.sum(-1)
-        entropy = s.log() - torch.einsum("cv,cv->c", e, zm) / s
+        entropy = s.log() - e.mul_(zm).sum(-1) / s  # in place: no second (c, V) block
     else:
         s = zm.exp_().sum(-1)
         entropy = None
-    lse = m[:, 0] + s.log()
-    return picked - lse, lse, entropy
+    return picked - s.log(), m[:, 0], s, entropy
 
 
 class _HiddenTokenLogprob(torch.autograd.Function):
@@ -176,15 +176,15 @@ class _HiddenTokenLogprob(torch.autograd.Function):
         dtype = _compute_dtype(hidden)
         rows = hidden.shape[0]
         logp = torch.empty(rows, dtype=dtype, device=hidden.device)
-        lse = torch.empty_like(logp)
+        row_max, row_sum = torch.empty_like(logp), torch.empty_like(logp)
         entropy = torch.empty(rows if with_entropy else 0, dtype=dtype, device=hidden.device)
         for a, b in _chunks(rows, chunk_size):
             z = _head_logits(hidden[a:b], weight, temperature, dtype)
-            logp[a:b], lse[a:b], ent = _chunk_stats(z, targets[a:b], with_entropy)
+            logp[a:b], row_max[a:b], row_sum[a:b], ent = _chunk_stats(z, targets[a:b], with_entropy)
             del z
             if with_entropy:
                 entropy[a:b] = ent
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, row_max, row_sum)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -192,18 +192,18 @@ class _HiddenTokenLogprob(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp: Tensor, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, row_max, row_sum = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        tau = ctx.temperature
+        tau, dtype = ctx.temperature, row_max.dtype
         grad_h = torch.empty_like(hidden) if need_h else None
-        exact = weight.dtype == lse.dtype  # fp32/fp64 weights accumulate in place; narrower ones in float32
+        exact = weight.dtype == dtype  # fp32/fp64 weights accumulate in place; narrower ones in float32
         grad_w = (torch.zeros_like(weight) if exact else torch.zeros_like(weight, dtype=torch.float32)) \
             if need_w else None
         for a, b in _chunks(hidden.shape[0], ctx.chunk_size):
             h = hidden[a:b]
-            g = grad_logp[a:b].to(lse.dtype) / tau  # (c,)
-            u = _head_logits(h, weight, tau, lse.dtype).sub_(lse[a:b, None]).exp_()  # softmax, in place
-            u.mul_(-g[:, None]).scatter_add_(-1, targets[a:b, None], g[:, None])  # (onehot - p) * g / tau
+            g = grad_logp[a:b].to(dtype) / tau  # (c,)
+            u = _head_logits(h, weight, tau, dtype).sub_(row_max[a:b, None]).exp_()  # exp(z - m), in place
+            u.mul_((-g / row_sum[a:b])[:, None]).scatter_add_(-1, targets[a:b, None], g[:, None])  # (onehot - p) g/tau
             u = u.to(weight.dtype)
             if need_h:
                 grad_h[a:b] = torch.matmul(u, weight)
