@@ -363,7 +363,8 @@ def run_bench(plan: Plan, log=print) -> dict:
     try:
         for spec in plan.models:
             tok, m, params = _setup(spec, device, dtype, cfg)
-            models[spec.name] = {"params": params, "size": spec.size, "prompt_scale": spec.prompt_scale}
+            models[spec.name] = {"params": params, "size": spec.size, "prompt_scale": spec.prompt_scale,
+                                 "vocab_size": len(tok)}
             for shape in plan.shapes:
                 P = max(1, round(shape.prompts * spec.prompt_scale))
                 prompts = _prompts(shape, task, P)
@@ -503,7 +504,7 @@ def summary(result: dict) -> str:
     title = (f"grpo bench  {result['device']} {result['dtype']}, {result['threads']} thread(s), {result['clock']} "
              f"seconds, medians of {result['repeats']}, run took {result['wall_s']:.0f} s")
     lines = [title, HEADER]
-    lines += [_row(r) for r in result["runs"]]
+    lines += [_row(r) for r in result["runs"] if r.get("kind") != "vocab"]
     lines.append("fitted exponents (slope of log step_s):")
     for e in result["exponents"]["group_size"]:
         lines.append(f"  vs G {e['group_sizes']}  {e['model']}/{e['shape']}: step {e['step']:.2f}   "
@@ -528,10 +529,15 @@ def main(args) -> int:
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
     result = run_bench(plan, log=err)
+    from grpo import bench_vocab  # the real-vocabulary part: update memory/time vs the floor, generation
+
+    vocab = bench_vocab.run_vocab(bench_vocab.quick_plan() if plan.quick else bench_vocab.full_plan(), log=err)
+    bench_vocab.merge_into(result, vocab)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))
+    print(bench_vocab.summary(vocab))
     print(f"wrote {out}")
     if getattr(args, "json", False):
         print(json.dumps(result))
