@@ -113,8 +113,8 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
-def peak_above_resident(fn, clock, device) -> tuple[float, float]:
-    """(MB of peak memory during fn() above what was resident before it, seconds of fn())."""
+def peak_above_resident(fn, clock, device) -> tuple[float, float, float]:
+    """(MB of peak memory during fn() above what was resident before it, seconds of fn(), resident MB before)."""
     from grpo.bench import peak_rss_mb, reset_peak_rss
 
     gc.collect()
@@ -125,13 +125,13 @@ def peak_above_resident(fn, clock, device) -> tuple[float, float]:
         t = clock()
         fn()
         seconds = clock() - t
-        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20, seconds
+        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20, seconds, base / 2 ** 20
     reset_peak_rss()
     base = _rss_mb()
     t = clock()
     fn()
     seconds = clock() - t
-    return peak_rss_mb() - base, seconds
+    return peak_rss_mb() - base, seconds, base
 
 
 def floor_update(model, optimizer, batch, cfg) -> None:
@@ -176,10 +176,10 @@ def update_entry(model, optimizer, sched, tok, prompts, plan: VocabPlan, T: int,
     cfg.optim.micro_batch_tokens = batch.prompt_ids.numel() + N * T  # one micro-batch: only the logits differ
     calls = {"update": lambda: policy_update(model, optimizer, sched, batch, cfg),
              "floor": lambda: floor_update(model, optimizer, batch, cfg)}
-    peaks, samples = {}, {m: [] for m in calls}
+    peaks, resident, samples = {}, {}, {m: [] for m in calls}
     for m, fn in calls.items():
         optimizer.zero_grad(set_to_none=True)
-        peaks[m] = peak_above_resident(fn, clock, device)[0]
+        peaks[m], _, resident[m] = peak_above_resident(fn, clock, device)
     for r in range(plan.repeats):
         for m in (("update", "floor") if r % 2 == 0 else ("floor", "update")):
             optimizer.zero_grad(set_to_none=True)
@@ -192,6 +192,7 @@ def update_entry(model, optimizer, sched, tok, prompts, plan: VocabPlan, T: int,
         "completion_tokens": T, "vocab_size": VOCAB_SIZE, "logprob_chunk_tokens": cfg.optim.logprob_chunk_tokens,
         "full_logits_fp32_mb": logits_mb,
         "update_peak_mb": peaks["update"], "floor_update_peak_mb": peaks["floor"],
+        "resident_mb": resident["update"],  # the process (CPU: RSS) or torch (CUDA) before our update
         "peak_over_floor": peaks["update"] / peaks["floor"],
         "update_s": upd, "floor_update_s": flo, "update_over_floor_s": statistics.median(
             a / b for a, b in zip(samples["update"], samples["floor"])),
@@ -209,7 +210,8 @@ def chunk_entry(model, optimizer, sched, tok, prompts, plan: VocabPlan, T: int, 
     saved, cfg.optim.logprob_chunk_tokens = cfg.optim.logprob_chunk_tokens, chunk
     try:
         optimizer.zero_grad(set_to_none=True)
-        peak, seconds = peak_above_resident(lambda: policy_update(model, optimizer, sched, batch, cfg), clock, device)
+        peak, seconds, _ = peak_above_resident(lambda: policy_update(model, optimizer, sched, batch, cfg), clock,
+                                               device)
     finally:
         cfg.optim.logprob_chunk_tokens = saved
     return {"completion_tokens": T, "completions": batch.mask.shape[0], "logprob_chunk_tokens": chunk,
