@@ -139,7 +139,17 @@ def biased_head():
     return model
 
 
-@pytest.mark.parametrize("make, why", [(gemma2_softcapped, "final_logit_softcapping"), (biased_head, "bias")])
+def hooked_head():
+    """A head whose forward is wrapped on the instance (as accelerate's offload hooks do)."""
+    model = qwen2(tie=True)
+    head = model.lm_head
+    original = head.forward
+    head.forward = lambda x: original(x)
+    return model
+
+
+@pytest.mark.parametrize("make, why", [(gemma2_softcapped, "final_logit_softcapping"), (biased_head, "bias"),
+                                       (hooked_head, "already replaced")])
 def test_heads_that_are_not_plain_take_the_full_path_with_one_log_line(make, why, caplog):
     model = make()
     vocab = model.config.vocab_size

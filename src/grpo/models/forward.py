@@ -170,6 +170,8 @@ def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
         return None, f"its output head is a {type(head).__name__}, not a torch.nn.Linear"
     if head.bias is not None:
         return None, "its output head has a bias"
+    if "forward" in vars(head):  # e.g. accelerate's offload hooks wrap forward on the instance
+        return None, "its output head's forward is already replaced on the module (hooks such as accelerate's)"
     w = head.weight
     if not w.is_floating_point() or tuple(w.shape) != (head.out_features, head.in_features):
         return None, f"its output head's weight is {w.dtype} {tuple(w.shape)} (quantised or packed)"
