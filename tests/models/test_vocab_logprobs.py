@@ -65,8 +65,8 @@ def run(model, compute, args, weights):
 def assert_same(got, want, mask):
     (logp, ent, grads), (logp_w, ent_w, grads_w) = got, want
     m = mask.bool()
-    torch.testing.assert_close(logp[m].to(D), logp_w[m], rtol=0, atol=2e-5)
-    torch.testing.assert_close(ent[m].to(D), ent_w[m], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(logp[m].to(D), logp_w[m], rtol=2e-5, atol=5e-5)
+    torch.testing.assert_close(ent[m].to(D), ent_w[m], rtol=2e-5, atol=5e-5)
     assert grads.keys() == grads_w.keys() and grads
     for name in grads_w:  # fp32: a gradient is a sum over 152k vocabulary entries (the skinny matmuls of small
         scale = float(grads_w[name].abs().max())  # chunks round at about 2e-5 of its scale; a bug is O(1) off)
@@ -148,8 +148,15 @@ def hooked_head():
     return model
 
 
+def head_with_a_forward_hook():
+    """A forward hook that rewrites the logits (as a test that bans a token does) must see logits."""
+    model = qwen2(tie=True)
+    model.lm_head.register_forward_hook(lambda module, args, out: out * 0.5)
+    return model
+
+
 @pytest.mark.parametrize("make, why", [(gemma2_softcapped, "final_logit_softcapping"), (biased_head, "bias"),
-                                       (hooked_head, "already replaced")])
+                                       (hooked_head, "already replaced"), (head_with_a_forward_hook, "forward hooks")])
 def test_heads_that_are_not_plain_take_the_full_path_with_one_log_line(make, why, caplog):
     model = make()
     vocab = model.config.vocab_size

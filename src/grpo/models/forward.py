@@ -20,8 +20,8 @@ the N full sequences (tests/rollout/test_shared_prefix.py checks logits and grad
 is replaced, for the one forward that covers the completion positions, by `grpo.algo.hidden_token_logprobs`
 on the final hidden states (chunks of rows, logits recomputed in the backward pass). The replacement runs inside
 the head module's own call, where DDP, FSDP2 (which gathers the head's weight around that call) and peft expect
-the weight to be used. Any other head (a softcap or scale after it, a bias, a LoRA-wrapped or quantised head, an
-architecture not known to be plain) takes the full-logits path, with one log line per model.
+the weight to be used. Any other head (a softcap or scale after it, a bias, a LoRA-wrapped or quantised head, forward
+hooks on the head, an architecture not known to be plain) takes the full-logits path, with one log line per model.
 """
 
 from __future__ import annotations
@@ -172,6 +172,8 @@ def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
         return None, "its output head has a bias"
     if "forward" in vars(head):  # e.g. accelerate's offload hooks wrap forward on the instance
         return None, "its output head's forward is already replaced on the module (hooks such as accelerate's)"
+    if head._forward_hooks:  # a hook may rewrite the logits (e.g. ban a token): it must see them
+        return None, "its output head has forward hooks (they would not see logits)"
     w = head.weight
     if not w.is_floating_point() or tuple(w.shape) != (head.out_features, head.in_features):
         return None, f"its output head's weight is {w.dtype} {tuple(w.shape)} (quantised or packed)"
