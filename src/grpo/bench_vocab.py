@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -107,9 +108,8 @@ def save_vocab_model(directory: str | Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------- measuring
 def _rss_mb() -> float:
+    """The process's resident set now (MB)."""
     with open("/proc/self/statm") as f:
-        import os
-
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
@@ -356,8 +356,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     if not torch.cuda.is_available():
-        import os
-
         torch.set_num_threads(int(os.environ.get("GRPO_BENCH_THREADS", "1")))
     t0 = time.time()
     result = run_vocab(quick_plan() if args.quick else full_plan(),

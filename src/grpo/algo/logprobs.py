@@ -17,8 +17,8 @@ Logits of -inf (a banned token) are allowed: they get probability 0 and contribu
 
 `hidden_token_logprobs` goes one step further for a plain linear output head: it takes the final hidden states
 h (N, T, H) and the head's weight W (V, H) and never forms the (N, T, V) logits at all. Each chunk of rows
-computes its logits x = h W^T, keeps two floats per row (the row's max and sum of exponentials), and drops them; the backward pass
-recomputes each chunk's logits and turns them into the gradients directly,
+computes its logits x = h W^T, keeps two floats per row (the row's max and sum of exponentials), and drops them;
+the backward pass recomputes each chunk's logits and turns them into the gradients directly,
     u_t = (onehot(y_t) - softmax(z_t)) * g_t / tau              (chunk, V), g the upstream gradient of logp_t
     dL/dh_t = u_t W,   dL/dW = sum_t u_t^T h_t
 so the largest temporaries, forward and backward, are a few (chunk_size, V) blocks. The cost is the head's

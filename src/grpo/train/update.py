@@ -2,8 +2,9 @@
 per epoch, gradient clipping, and a non-finite guard (a NaN/inf loss or gradient norm skips the step).
 
 Per micro-batch:  hidden states -> logp (N_mb, T) in chunks of `optim.logprob_chunk_tokens` positions, never the
-(N_mb, T, V) logits (models/forward.py, `completion_token_logprobs`) -> clipped surrogate (+ beta * KL in the loss) -> aggregate with
-the GLOBAL token/sequence counts of the whole batch, so the gradient does not depend on the micro-batching.
+(N_mb, T, V) logits (models/forward.py, `completion_token_logprobs`) -> clipped surrogate (+ beta * KL in the
+loss) -> aggregate with the GLOBAL token/sequence counts of the whole batch, so the gradient does not depend on
+the micro-batching.
 """
 
 from __future__ import annotations
