@@ -307,12 +307,12 @@ def acceptance(result: dict) -> list[dict]:
     runs = result["runs"]
     big = max(runs, key=lambda r: r["completions"] * r["completion_tokens"])
     small = min(runs, key=lambda r: r["completions"] * r["completion_tokens"])
-    label = f"N={big['completions']}, T={big['completion_tokens']}"
+    label = f"{MODEL_NAME}, N={big['completions']}, T={big['completion_tokens']}"
     checks = [(f"update peak / floor peak above resident state, {label}", big["peak_over_floor"], "<=", 0.15),
               (f"update time / floor time, {label}", big["update_over_floor_s"], "<=", 1.1)]
     if big is not small:
         grow = big["update_peak_mb"] / small["update_peak_mb"]
-        checks.append((f"update peak at T={big['completion_tokens']} / at T={small['completion_tokens']} "
+        checks.append((f"{MODEL_NAME}: update peak at T={big['completion_tokens']} / at T={small['completion_tokens']} "
                        f"(T x{big['completion_tokens'] / small['completion_tokens']:.0f}; the floor's: "
                        f"x{big['floor_update_peak_mb'] / small['floor_update_peak_mb']:.2f})", grow, "<=", 1.3))
     return [{"check": n, "value": v, "threshold": f"{op} {t}", "met": v <= t} for n, v, op, t in checks]
