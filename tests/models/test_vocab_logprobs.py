@@ -7,6 +7,7 @@ with one log line."""
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 import torch
@@ -74,11 +75,15 @@ def assert_same(got, want, mask):
                                    msg=name)
 
 
-def head_outputs(model):
-    """Shapes the output head returned during the block (to see which path ran)."""
+def saved_shapes():
+    """Context recording the shapes autograd saves for the backward pass (to see that no (N, T, V) block is kept)."""
     shapes = []
-    handle = model.get_output_embeddings().register_forward_hook(lambda m, i, o: shapes.append(tuple(o.shape)))
-    return shapes, handle
+
+    def pack(x):
+        shapes.append(tuple(x.shape))
+        return x
+
+    return shapes, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -89,11 +94,12 @@ def test_values_and_gradients_equal_the_full_logits_path(tie, temperature, fn):
     args = batch()
     N, T = args[2].shape
     weights = torch.randn(N, T, generator=torch.Generator().manual_seed(3))
-    shapes, handle = head_outputs(model)
-    got = run(model, lambda: completion_token_logprobs(model, *args, temperature=temperature, chunk_size=5,
-                                                       with_entropy=True, forward_fn=fn), args, weights)
-    handle.remove()
-    assert (N, T) in shapes and all(s[-1] != V or s[0] * s[1] <= 2 for s in shapes)  # never (N, T, V)
+    assert forward.plain_output_head(model) is model.lm_head
+    shapes, hooks = saved_shapes()
+    with hooks:
+        got = run(model, lambda: completion_token_logprobs(model, *args, temperature=temperature, chunk_size=5,
+                                                           with_entropy=True, forward_fn=fn), args, weights)
+    assert not [s for s in shapes if s[-1] == V and math.prod(s[:-1]) >= N * T]  # no (N, T, V) block kept
     want = run(model, lambda: reference(model, args, fn, temperature), args, weights)
     assert_same(got, want, args[3])
     if tie:
