@@ -32,16 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo.config import ConfigError
+from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, explain_failure
+from grpo.errors import DataFileError
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
 
 __all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
 
-
-class DataFileError(ConfigError):
-    """A data set file (or Hub data set) that cannot be used; the message names the file, and the row or column."""
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
@@ -55,15 +53,19 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
         raise ImportError("data.path needs the `datasets` package: pip install 'grpo[data]'") from e
     p = Path(path).expanduser()
     if p.is_file():
-        builder = BUILDERS.get(p.suffix.lower())
+        suffix = _data_suffix(p)
+        builder = BUILDERS.get(suffix)
         if builder is None:
-            raise DataFileError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
-        kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
+            raise DataFileError(f"data.path={path!r}: unknown file type {suffix!r}; use one of {sorted(BUILDERS)} "
+                                f"(optionally compressed: {', '.join(COMPRESSED_SUFFIXES)})")
+        kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
+        shown = str(path)
+        check_file(p, builder, shown)  # empty, not UTF-8, cut-off or mixed-type rows: named by line (file_checks)
         try:
             with _quiet(datasets):
                 ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
         except Exception as e:
-            raise DataFileError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
+            raise explain_failure(p, builder, shown, e) from e
         return ds, p.name
     if p.is_dir():
         try:
@@ -87,17 +89,27 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
     return ds, path
 
 
+def _data_suffix(p: Path) -> str:
+    """'.jsonl' for x.jsonl and x.jsonl.gz: the data format's suffix under a compression suffix."""
+    suffixes = [x.lower() for x in p.suffixes]
+    if len(suffixes) >= 2 and suffixes[-1] in COMPRESSED_SUFFIXES:
+        return suffixes[-2]
+    return p.suffix.lower()
+
+
 class _quiet:
-    """Silence the `datasets` progress bars while reading a file."""
+    """Silence the `datasets` progress bars and log while reading a file."""
 
     def __init__(self, datasets):
         self.utils = datasets.utils.logging
 
     def __enter__(self):
-        self.was = self.utils.is_progress_bar_enabled()
+        self.was, self.verbosity = self.utils.is_progress_bar_enabled(), self.utils.get_verbosity()
         self.utils.disable_progress_bar()
+        self.utils.set_verbosity(logging.CRITICAL)  # its "Failed to read file" lines: our error says it once
 
     def __exit__(self, *exc):
+        self.utils.set_verbosity(self.verbosity)
         if self.was:
             self.utils.enable_progress_bar()
 

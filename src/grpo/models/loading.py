@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from grpo.errors import ModelDirError
+
 log = logging.getLogger("grpo.models")
 
 
@@ -56,14 +58,10 @@ def model_directory(cfg, task=None, console=None) -> Path:
 
         return cached_model_dir(builtin_spec(cfg), build)
     if name.startswith("builtin:"):
-        raise ValueError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
-    path = Path(name).expanduser()
-    if not (path / "config.json").exists():
-        raise ValueError(
-            f"model.name={name!r} is not a local model directory (no config.json); models are never downloaded "
-            "at run time: pass a directory saved with save_pretrained, or 'builtin:tiny'"
-        )
-    return path
+        raise ModelDirError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
+    from grpo.models.checks import check_model_dir
+
+    return check_model_dir(name, field="model.name")  # config, complete weights, tokenizer: ModelDirError if not
 
 
 def load_tokenizer(path: Path):
@@ -74,7 +72,7 @@ def load_tokenizer(path: Path):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if tok.eos_token is None:
-        raise ValueError(f"tokenizer at {path} has no eos_token; generation could not stop")
+        raise ModelDirError(f"tokenizer at {path} has no eos_token; generation could not stop")
     return tok
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-import resource
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zero_std_groups
+from grpo.algo import zero_std_groups
+from grpo.algo.registry import advantage_estimator
 from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
@@ -26,7 +26,9 @@ from grpo.models.loading import load_policy
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
+from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
+from grpo.tracking.rundir import check_output_dir
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
 
@@ -37,10 +39,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class Trainer:
@@ -56,12 +54,15 @@ class Trainer:
         set_seed(cfg.train.seed)
         self.console = console
         self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
-        self.run_dir = Path(run_dir or cfg.train.output_dir or default_run_dir(cfg))
+        self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         self.eval_prompts = self.task.split("test", cfg.eval.n)
         reward_specs = self._reward_specs(reward_functions)
         self.train_prompts, self.eval_prompts = check_rows(self.train_prompts, self.eval_prompts, reward_specs, cfg)
+        from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
+
+        prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
         self.policy, self.tokenizer = load_policy(cfg, self.task, console)
         self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
                                                               self.tokenizer, cfg)
@@ -121,6 +122,7 @@ class Trainer:
             scores = self._score(rollouts)
             reward_s += time.perf_counter() - t
             if cfg.algo.drop_zero_std_groups:
+                last = rollouts, scores
                 keep = (~zero_std_groups(scores.total, G)).nonzero()[:, 0].tolist()
                 rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
             kept_r.append(rollouts)
@@ -129,6 +131,9 @@ class Trainer:
                 break
         rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
         scores = concat_scores(kept_s)
+        if cfg.algo.drop_zero_std_groups and not rollouts.prompts:  # nothing informative in any round: the last
+            # round's groups, whose advantages are all 0 (so the metrics and samples still describe what was drawn)
+            rollouts, scores = last
         if len(rollouts.prompts) > P_rank:
             keep = list(range(P_rank))
             rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
@@ -175,13 +180,11 @@ class Trainer:
         return batch
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
-        rewards = rewards.to(self.device)
-        if a.advantage == "grpo":
-            return group_advantages(rewards, G, std=a.std, scale=a.scale, eps=a.eps)
-        if a.advantage == "dr_grpo":
-            return dr_grpo_advantages(rewards, G)
-        return rloo_advantages(rewards, G)
+        """(N,) rewards -> (N,) advantages from the registered estimator algo.advantage (grpo.algo.registry)."""
+        a = self.cfg.algo
+        estimator = advantage_estimator(a.advantage)
+        return estimator(rewards.to(self.device), group_size=self.cfg.rollout.group_size, std=a.std, scale=a.scale,
+                         eps=a.eps)
 
     def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
         total, adv = self.dist.gather_cat(scores.total), self.dist.gather_cat(adv)  # the job's, with several ranks
