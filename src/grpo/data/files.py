@@ -1,11 +1,16 @@
-"""Data set files as a Task: a local JSONL, Parquet or CSV file (read through `datasets`), a directory saved
-with `Dataset.save_to_disk`, or a `datasets` Hub name where the machine has a network.
+"""Data set files as a Task: a local JSONL, JSON or CSV file (read with the standard library, grpo.data.tables:
+part of the core install), a Parquet file, a directory saved with `Dataset.save_to_disk`, or a `datasets` Hub name
+where the machine has a network (these three need the `datasets` extra: pip install 'grpo[data]').
 
     grpo train model.name=./my-model data.path=train.jsonl reward.functions=[exact_answer]
 
 Columns (mapped with data.prompt_column / data.answer_column):
-    prompt   text, used as is; or a list of {"role", "content"} messages (a conversation), rendered with the
-             model's chat template (`add_generation_prompt=True`), so `Prompt.text` is exactly what the model sees
+    prompt   a list of {"role", "content"} messages (a conversation), rendered with the model's chat template
+             (`add_generation_prompt=True`), so `Prompt.text` is exactly what the model sees; or text, which
+             data.plain_prompts decides: `template` renders it as one user message with the chat template,
+             `raw` uses it as is (TRL's convention for plain text), `auto` (default) is `template` when the
+             tokenizer says its template is how it reads plain prompts (the built-in model's does:
+             "What is 20 + 9?" becomes "What is 20 + 9?\n", the prompt format it was warmed up on), else `raw`
     answer   the reference answer, given to the rewards as `answer` (and under its own name when the column is
              called something else, for TRL-style reward functions that expect, say, `solution`); null = none
     others   `Prompt.meta`, given to the rewards as keyword arguments (TRL convention)
@@ -44,24 +49,36 @@ class DataFileError(ConfigError):
     """A data set file (or Hub data set) that cannot be used; the message names the file, and the row or column."""
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+# .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
 
 
 def read_table(path: str, *, subset: str | None = None, split: str = "train"):
-    """(datasets.Dataset, source name) for a local file, a saved data set directory, or a Hub name."""
+    """(rows, source name) for a local file, a saved data set directory, or a Hub name; rows is a
+    grpo.data.tables.Table for plain files, else a datasets.Dataset."""
+    from grpo.data.tables import PLAIN_SUFFIXES, TableError, read_plain
+
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix.lower() in PLAIN_SUFFIXES:
+        try:
+            return read_plain(p), p.name
+        except TableError as e:
+            raise DataFileError(str(e)) from None
+    if not p.exists() and (p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~"))):
+        raise DataFileError(f"data.path={path!r} does not exist")
+    if p.is_file() and p.suffix.lower() not in BUILDERS:
+        raise DataFileError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
     try:
         import datasets
-    except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise ImportError("data.path needs the `datasets` package: pip install 'grpo[data]'") from e
-    p = Path(path).expanduser()
-    if p.is_file():
-        builder = BUILDERS.get(p.suffix.lower())
-        if builder is None:
-            raise DataFileError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
-        kwargs = {"delimiter": "\t"} if p.suffix.lower() == ".tsv" else {}
+    except ImportError:
+        what = "a Parquet file" if p.is_file() else "a saved data set directory" if p.is_dir() else "a Hub data set"
+        raise DataFileError(f"data.path={path!r}: reading {what} needs the `datasets` package: "
+                            "pip install 'grpo[data]' (JSONL, JSON and CSV files need nothing more)") from None
+    if p.is_file():  # Parquet (plain files were read above)
+        builder = BUILDERS[p.suffix.lower()]
         try:
             with _quiet(datasets):
-                ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
+                ds = datasets.load_dataset(builder, data_files=str(p), split="train")
         except Exception as e:
             raise DataFileError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
         return ds, p.name
@@ -117,8 +134,12 @@ class FileTask:
     def __init__(self, path: str, *, reward_functions, prompt_column: str = "prompt",
                  answer_column: str | None = "answer", test_path: str | None = None, test_fraction: float = 0.1,
                  subset: str | None = None, split: str = "train", test_split: str | None = None,
-                 tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False):
+                 tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False,
+                 plain_prompts: str = "auto"):
+        if plain_prompts not in ("auto", "template", "raw"):
+            raise DataFileError(f"data.plain_prompts must be auto, template or raw, got {plain_prompts!r}")
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
+        self.plain_prompts = plain_prompts
         self.keep_empty = keep_empty
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
@@ -158,7 +179,7 @@ class FileTask:
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
                    test_split=d.test_split, tokenizer_loader=lambda: tokenizer if tokenizer is not None else _model_tokenizer(cfg),
-                   keep_empty=getattr(d, "filter_long_prompts", False))
+                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts)
 
     # ------------------------------------------------------------------ reading and validation
     def _read(self, ds, source: str) -> list[tuple[str, Any, Any, dict]]:
@@ -208,14 +229,27 @@ class FileTask:
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
-        """Text as is; a conversation through the tokenizer's chat template, ending with the assistant's turn."""
+        """A conversation through the tokenizer's chat template, ending with the assistant's turn; text as one user
+        message through the template or as is (data.plain_prompts, see the module docstring)."""
         if isinstance(prompt, str):
-            return prompt
+            if not self._template_plain_text(uid):
+                return prompt
+            prompt = [{"role": "user", "content": prompt}]
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise DataFileError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
         return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def _template_plain_text(self, uid: str) -> bool:
+        if self.plain_prompts == "raw":
+            return False
+        if self.plain_prompts == "template":
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise DataFileError(f"{uid}: data.plain_prompts=template but the tokenizer of model.name has no "
+                                    "chat_template; use data.plain_prompts=raw or a model with a template")
+            return True
+        return plain_prompts_use_template(self.tokenizer)
 
     @property
     def tokenizer(self):
@@ -236,6 +270,18 @@ class FileTask:
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
                                   "uses them)")
+
+
+def plain_prompts_use_template(tokenizer) -> bool:
+    """data.plain_prompts=auto: True when the tokenizer has a chat template and says (tokenizer_config.json's
+    `grpo_plain_prompts: template`, which the built-in model's tokenizer carries) that plain prompts are written
+    with it; a user's model keeps TRL's convention, plain text as is."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return False
+    return getattr(tokenizer, "init_kwargs", {}).get(PLAIN_PROMPTS_KEY) == "template"
+
+
+PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)
 
 
 def _prompt_value(value, where: str, column: str, keep_empty: bool):
