@@ -26,8 +26,6 @@ warms the shape up. See bench/README.md for the figures.
 from __future__ import annotations
 
 import copy
-import ctypes
-import gc
 import json
 import math
 import os
@@ -40,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (bench's figures use them)
 
 DEFAULT_OUTPUT = Path("bench/results/latest.json")
 MAX_POSITIONS = 512  # positions the bench models support (the long shape needs 320); no parameter depends on it
@@ -110,33 +110,6 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
         return time.process_time() if self.kind == "cpu" else time.perf_counter()
-
-
-def reset_peak_rss() -> None:
-    """Return freed heap to the system (so the mark is this call's, not an earlier one's), then reset the mark."""
-    gc.collect()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @contextmanager
@@ -348,10 +321,11 @@ def _prompts(shape: Shape, task, n: int):
 def run_bench(plan: Plan, log=print) -> dict:
     from grpo.config import Config
     from grpo.data.arithmetic import ArithmeticTask
+    from grpo.models.loading import resolve_dtype
     from grpo.rewards import RewardRunner
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = resolve_dtype("auto", device)
     if device.type == "cpu":
         torch.set_num_threads(int(os.environ.get("GRPO_BENCH_THREADS", "1")))
     clock = Clock(device)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 EPILOG = """examples:
@@ -64,7 +66,9 @@ def _eval(args) -> int:
     from grpo.train.evaluate import evaluate_model
     from transformers import AutoModelForCausalLM
 
-    path = Path(args.model_dir)
+    from grpo.models.checks import check_model_dir
+
+    path = check_model_dir(args.model_dir, field="model_dir")  # missing, no config, weights cut short, no tokenizer
     run_cfg = path.parent / "config.yaml"
     cfg = load_config(run_cfg if run_cfg.exists() else None)
     model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
@@ -154,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="a self-contained HTML page of a run")
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error (also GRPO_DEBUG=1)")
+    for p in (t, e, c, b, r):  # also after the command: `grpo train ... --debug`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -168,22 +175,38 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         pass
     args = build_parser().parse_args(argv)
-    from grpo.config import ConfigError
-
+    debug = args.debug or os.environ.get("GRPO_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except ConfigError as e:
-        print(f"grpo: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # the run's own failures get one clear line, not a traceback
-        from grpo.rewards import RewardFunctionError
-        from grpo.train.checkpoint import CheckpointError
-        from grpo.train.loop import NonFiniteError
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping: out at once
+        if debug:
+            traceback.print_exc()
+        print("grpo: aborted by a second interrupt; the last committed checkpoint is intact", file=sys.stderr)
+        return 130
+    except Exception as e:  # bad input and the run's own stops get one clear message and their exit code
+        code, message = _error_exit(e)
+        if code is None:
+            raise  # a bug: the traceback is the message
+        if debug:
+            traceback.print_exc()
+        print(message, file=sys.stderr)
+        return code
 
-        if isinstance(e, (NonFiniteError, CheckpointError, RewardFunctionError)):
-            print(f"grpo: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        raise
+
+def _error_exit(e: Exception) -> tuple[int | None, str]:
+    """(exit code, one-line message) of an error grpo raises on purpose; (None, "") for anything else.
+    The codes are grpo.errors' (README "Exit codes"): 2 bad input, 3 a health guard, 130/143 a signal, 1 else."""
+    from grpo.errors import GrpoError, Preempted, UserError
+    from grpo.rewards import RewardFunctionError
+    from grpo.train.checkpoint import CheckpointError
+
+    if isinstance(e, UserError):
+        return e.exit_code, f"grpo: {e}"
+    if isinstance(e, Preempted):
+        return e.exit_code, f"grpo: {e} (exit code {e.exit_code}: the run is not finished)"
+    if isinstance(e, (GrpoError, CheckpointError, RewardFunctionError)):
+        return getattr(e, "exit_code", 1), f"grpo: {type(e).__name__}: {e}"
+    return None, ""
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ def run_worker(spec: dict) -> dict:
     """One run in this process: train, then measure. Writes spec['result'] and returns it."""
     from grpo.config import load_config
     from grpo.tracking.metrics import read_jsonl, write_json_atomic
-    from grpo.train.trainer import Trainer, peak_rss_mb
+    from grpo.tracking.memory import peak_rss_mb
+    from grpo.train.trainer import Trainer
 
     rss_imports = peak_rss_mb()
     cfg = load_config(spec["preset"], spec["overrides"])

@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from grpo.errors import ConfigError  # the user-error hierarchy lives in grpo.errors; re-exported here
 
 PRESET_DIR = Path(__file__).parent / "presets"
-
-
-class ConfigError(ValueError):
-    """A config value, key or file that cannot be used; the message names the field."""
 
 
 class _Section(BaseModel):
@@ -73,16 +71,19 @@ class RewardConfig(_Section):
     weights: list[float] | None = None
     timeout_s: float = Field(10.0, gt=0.0)
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
+    max_missing_steps: int = Field(3, ge=1, description="stop the run (exit 3) when a weighted reward function "
+                                   "gives no value for any sample (None, timeout, error) this many steps in a row")
 
 
 class AlgoConfig(_Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    advantage: str = Field("grpo", description="a registered group estimator (grpo.algo.registry) or gae (PPO's "
+                           "critic)")
     std: Literal["population", "sample"] = "population"
     scale: Literal["group", "batch", "none"] = "group"
     eps: float = Field(1e-6, ge=0.0)
     ratio_level: Literal["token", "sequence"] = "token"
-    policy_loss: Literal["clip", "cispo"] = Field("clip", description="clip: PPO's clipped surrogate; cispo: the "
-                                                  "detached clipped importance weight times log pi (MiniMax-M1)")
+    policy_loss: str = Field("clip", description="a registered policy loss (grpo.algo.registry); clip: PPO's "
+                             "clipped surrogate; cispo: the detached clipped importance weight times log pi")
     clip_low: float = Field(0.2, gt=0.0, le=1.0, description="ratio band [1 - clip_low, 1 + clip_high]; 1.0 (no lower "
                                                         "bound) only with policy_loss=cispo")
     clip_high: float = Field(0.2, gt=0.0)
@@ -105,6 +106,23 @@ class AlgoConfig(_Section):
     value_coef: float = Field(1.0, gt=0.0)
     value_lr: float = Field(1e-4, gt=0.0)
     value_model: str | None = Field(None, description="critic init: a checkpoint dir; None = a copy of the policy")
+
+    @field_validator("advantage")
+    @classmethod
+    def _registered_advantage(cls, name: str) -> str:
+        from grpo.algo.registry import advantage_estimator
+
+        if name != "gae":  # GAE needs a critic: its own path (train/ppo.py), not a group estimator
+            advantage_estimator(name)  # ValueError listing the known ones
+        return name
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _registered_policy_loss(cls, name: str) -> str:
+        from grpo.algo.registry import policy_loss
+
+        policy_loss(name)
+        return name
 
 
 class KLConfig(_Section):
@@ -211,9 +229,17 @@ def describe_keys() -> list[tuple[str, str, str, str]]:
         if not (isinstance(model, type) and issubclass(model, _Section)):
             continue
         for key, field in model.model_fields.items():
-            kind = _type_name(field.annotation)
+            kind = _registry_choices(f"{section}.{key}") or _type_name(field.annotation)
             rows.append((f"{section}.{key}", kind, repr(field.default), field.description or ""))
     return rows
+
+
+def _registry_choices(key: str) -> str:
+    """'a|b|c' for the keys whose values are registry names (grpo.algo.registry), '' for the others."""
+    from grpo.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    names = {"algo.advantage": [*ADVANTAGE_ESTIMATORS, "gae"], "algo.policy_loss": list(POLICY_LOSSES)}.get(key)
+    return "|".join(names) if names else ""
 
 
 def _type_name(annotation) -> str:
@@ -290,7 +316,8 @@ def _format_error(err: ValidationError) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             section = ".".join(str(p) for p in e["loc"][:-1])
-            msg = f"unknown key{' in section ' + section if section else ''}" + _unknown_key_hints(field, e.get("input"))
+            msg = f"unknown key{' in section ' + section if section else ''}"
+            msg += _unknown_key_hints(field, e.get("input"))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             msg = f"must be one of {allowed}, got {e.get('input')!r}"

@@ -19,6 +19,7 @@ from grpo.tracking.metrics import read_jsonl
 from grpo.train import checkpoint as ckpt
 from grpo.train import update
 from grpo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from grpo.errors import Preempted
 from grpo.train.loop import NonFiniteError
 
 
@@ -148,7 +149,8 @@ def test_final_save_failure_is_never_swallowed(make_trainer, monkeypatch):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_stop_signal_during_a_step_saves_and_returns(sig, make_trainer, tmp_path, capsys):
     """The signal arrives while step 2 scores its rewards (from the reward thread): step 2 finishes, is saved and
-    committed, the run returns {"preempted": True} (the CLI then exits 0) and prints how to resume."""
+    committed, the run raises Preempted (summary {"preempted": True, ...}; the CLI then exits 130 / 143), prints how
+    to resume, and writes no final/ or summary.json."""
     calls = []
 
     def signalling(prompts, completions, **columns):
@@ -159,8 +161,12 @@ def test_stop_signal_during_a_step_saves_and_returns(sig, make_trainer, tmp_path
 
     signalling.in_process = True
     run_dir, handler = tmp_path / "run", signal.getsignal(sig)
-    result = make_trainer("train.steps=4", reward_functions=[("test_varied", signalling, 1.0)]).train()
+    with pytest.raises(Preempted) as stopped:
+        make_trainer("train.steps=4", reward_functions=[("test_varied", signalling, 1.0)]).train()
+    result = stopped.value.summary
     assert result == {"preempted": True, "steps": 2, "checkpoint": str(run_dir / "checkpoints" / "step-000002")}
+    assert stopped.value.exit_code == 128 + sig and stopped.value.signal_name == sig.name
+    assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
     assert load_checkpoint(latest_checkpoint(run_dir)).step == 2
     out = capsys.readouterr().out
     assert f"stopped by {sig.name} at step 2" in out and "--resume" in out

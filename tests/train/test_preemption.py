@@ -1,4 +1,5 @@
-"""PreemptionGuard: SIGTERM/SIGINT become a flag; a loop under the guard saves a checkpoint and exits 0.
+"""PreemptionGuard: SIGTERM/SIGINT become a flag; a loop under the guard saves a checkpoint and exits 128 + the
+signal's number (143 for SIGTERM), so a scheduler or `&&` sees an unfinished run.
 
 RELIABILITY.md section 9, case 24, and section 10, test 9.
 """
@@ -89,7 +90,7 @@ def test_noop_outside_main_thread():
 
 
 LOOP_SCRIPT = textwrap.dedent("""
-    import sys, time, torch
+    import signal, sys, time, torch
     from grpo.train.checkpoint import save_checkpoint
     from grpo.train.preemption import PreemptionGuard
 
@@ -107,12 +108,12 @@ LOOP_SCRIPT = textwrap.dedent("""
                 path = save_checkpoint(run_dir, step, model=model, optimizers={"policy": opt}, schedulers={},
                                        trainer_state={"step": step})
                 print(f"stopped by {guard.signal_name} at step {step}; resume from {path}", flush=True)
-                sys.exit(0)
+                sys.exit(128 + signal.Signals[guard.signal_name])
     sys.exit(3)
 """)
 
 
-def test_sigterm_in_a_training_loop_saves_and_exits_zero(tmp_path):
+def test_sigterm_in_a_training_loop_saves_and_exits_143(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(LOOP_SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
@@ -127,7 +128,7 @@ def test_sigterm_in_a_training_loop_saves_and_exits_zero(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, out + err
+    assert proc.returncode == 143, out + err
     assert "stopped by SIGTERM" in out and "received SIGTERM" in err
     path = latest_checkpoint(tmp_path)
     assert path is not None and f"resume from {path}" in out

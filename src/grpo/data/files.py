@@ -1,6 +1,6 @@
 """Data set files as a Task: a local JSONL, JSON or CSV file (read with the standard library, grpo.data.tables:
-part of the core install), a Parquet file, a directory saved with `Dataset.save_to_disk`, or a `datasets` Hub name
-where the machine has a network (these three need the `datasets` extra: pip install 'grpo[data]').
+part of the core install), a Parquet or compressed file, a directory saved with `Dataset.save_to_disk`, or a
+`datasets` Hub name where the machine has a network (these need the `datasets` extra: pip install 'grpo[data]').
 
     grpo train model.name=./my-model data.path=train.jsonl reward.functions=[exact_answer]
 
@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo.config import ConfigError
+from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_of, explain_failure
+from grpo.errors import DataFileError
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
@@ -45,42 +46,37 @@ log = logging.getLogger("grpo.data")
 __all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
 
 
-class DataFileError(ConfigError):
-    """A data set file (or Hub data set) that cannot be used; the message names the file, and the row or column."""
-
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
-# .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
+# plain (uncompressed) .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
 
 
 def read_table(path: str, *, subset: str | None = None, split: str = "train"):
     """(rows, source name) for a local file, a saved data set directory, or a Hub name; rows is a
-    grpo.data.tables.Table for plain files, else a datasets.Dataset."""
-    from grpo.data.tables import PLAIN_SUFFIXES, TableError, read_plain
+    grpo.data.tables.Table for a plain JSONL/JSON/CSV file (no extra needed), else a datasets.Dataset."""
+    from grpo.data.tables import PLAIN_SUFFIXES, read_plain
 
     p = Path(path).expanduser()
-    if p.is_file() and p.suffix.lower() in PLAIN_SUFFIXES:
-        try:
-            return read_plain(p), p.name
-        except TableError as e:
-            raise DataFileError(str(e)) from None
-    if not p.exists() and (p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~"))):
+    if p.is_file():
+        suffix = _data_suffix(p)
+        builder = BUILDERS.get(suffix)
+        if builder is None:
+            raise DataFileError(f"data.path={path!r}: unknown file type {suffix!r}; use one of {sorted(BUILDERS)} "
+                                f"(optionally compressed: {', '.join(COMPRESSED_SUFFIXES)})")
+        shown = str(path)
+        check_file(p, builder, shown)  # empty, not UTF-8, cut-off or mixed-type rows: named by line (file_checks)
+        if suffix in PLAIN_SUFFIXES and compression_of(p) is None:
+            return read_plain(p, shown), p.name
+    elif not p.exists() and (p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~"))):
         raise DataFileError(f"data.path={path!r} does not exist")
-    if p.is_file() and p.suffix.lower() not in BUILDERS:
-        raise DataFileError(f"data.path={path!r}: unknown file type {p.suffix!r}; use one of {sorted(BUILDERS)}")
-    try:
-        import datasets
-    except ImportError:
-        what = "a Parquet file" if p.is_file() else "a saved data set directory" if p.is_dir() else "a Hub data set"
-        raise DataFileError(f"data.path={path!r}: reading {what} needs the `datasets` package: "
-                            "pip install 'grpo[data]' (JSONL, JSON and CSV files need nothing more)") from None
-    if p.is_file():  # Parquet (plain files were read above)
-        builder = BUILDERS[p.suffix.lower()]
+    datasets = _datasets(path, p)
+    if p.is_file():  # Parquet, or a compressed file
+        kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
         try:
             with _quiet(datasets):
-                ds = datasets.load_dataset(builder, data_files=str(p), split="train")
+                ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
         except Exception as e:
-            raise DataFileError(f"data.path={path!r}: cannot read it as {builder}: {type(e).__name__}: {e}") from e
+            raise explain_failure(p, builder, shown, e) from e
         return ds, p.name
     if p.is_dir():
         try:
@@ -104,17 +100,39 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
     return ds, path
 
 
+def _datasets(path: str, p: Path):
+    """The `datasets` module, or a DataFileError saying which install reads this kind of data."""
+    try:
+        import datasets
+    except ImportError:
+        what = "a Parquet or compressed file" if p.is_file() else \
+            "a saved data set directory" if p.is_dir() else "a Hub data set"
+        raise DataFileError(f"data.path={path!r}: reading {what} needs the `datasets` package: "
+                            "pip install 'grpo[data]' (plain JSONL, JSON and CSV files need nothing more)") from None
+    return datasets
+
+
+def _data_suffix(p: Path) -> str:
+    """'.jsonl' for x.jsonl and x.jsonl.gz: the data format's suffix under a compression suffix."""
+    suffixes = [x.lower() for x in p.suffixes]
+    if len(suffixes) >= 2 and suffixes[-1] in COMPRESSED_SUFFIXES:
+        return suffixes[-2]
+    return p.suffix.lower()
+
+
 class _quiet:
-    """Silence the `datasets` progress bars while reading a file."""
+    """Silence the `datasets` progress bars and log while reading a file."""
 
     def __init__(self, datasets):
         self.utils = datasets.utils.logging
 
     def __enter__(self):
-        self.was = self.utils.is_progress_bar_enabled()
+        self.was, self.verbosity = self.utils.is_progress_bar_enabled(), self.utils.get_verbosity()
         self.utils.disable_progress_bar()
+        self.utils.set_verbosity(logging.CRITICAL)  # its "Failed to read file" lines: our error says it once
 
     def __exit__(self, *exc):
+        self.utils.set_verbosity(self.verbosity)
         if self.was:
             self.utils.enable_progress_bar()
 
@@ -272,6 +290,9 @@ class FileTask:
                                   "uses them)")
 
 
+PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)
+
+
 def plain_prompts_use_template(tokenizer) -> bool:
     """data.plain_prompts=auto: True when the tokenizer has a chat template and says (tokenizer_config.json's
     `grpo_plain_prompts: template`, which the built-in model's tokenizer carries) that plain prompts are written
@@ -279,9 +300,6 @@ def plain_prompts_use_template(tokenizer) -> bool:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return False
     return getattr(tokenizer, "init_kwargs", {}).get(PLAIN_PROMPTS_KEY) == "template"
-
-
-PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)
 
 
 def _prompt_value(value, where: str, column: str, keep_empty: bool):

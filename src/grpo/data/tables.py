@@ -16,12 +16,12 @@ import csv
 import json
 from pathlib import Path
 
-from grpo.config import ConfigError
+from grpo.errors import DataFileError
 
 PLAIN_SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
 
 
-class TableError(ConfigError):
+class TableError(DataFileError):
     """A plain data file that cannot be read; the message names the file and the line."""
 
 
@@ -43,28 +43,30 @@ class Table:
         return len(self.rows)
 
 
-def read_plain(path: Path) -> Table:
-    """The Table of a .jsonl, .json, .csv or .tsv file (see the module docstring)."""
+def read_plain(path: Path, shown: str | None = None) -> Table:
+    """The Table of a .jsonl, .json, .csv or .tsv file (see the module docstring); errors name the file as `shown`
+    (default: the path)."""
     kind = PLAIN_SUFFIXES[path.suffix.lower()]
-    text = _text(path)
+    shown = shown or str(path)
+    text = _text(path, shown)
     if kind == "jsonl":
-        return Table(_json_lines(text, path))
+        return Table(_json_lines(text, shown))
     if kind == "json":
-        return Table(_json_document(text, path))
-    return Table(_csv_rows(text, path, "\t" if kind == "tsv" else ","))
+        return Table(_json_document(text, shown))
+    return Table(_csv_rows(text, shown, "\t" if kind == "tsv" else ","))
 
 
-def _text(path: Path) -> str:
+def _text(path: Path, shown: str) -> str:
     data = path.read_bytes()
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
-        raise TableError(f"{path}: line {line} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); "
+        raise TableError(f"{shown} line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); "
                          "save the file as UTF-8") from None
 
 
-def _json_lines(text: str, path: Path) -> list[dict]:
+def _json_lines(text: str, shown: str) -> list[dict]:
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -72,51 +74,51 @@ def _json_lines(text: str, path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except ValueError as e:
-            raise TableError(f"{path}: line {number} is not valid JSON ({e}): {line[:80]!r}") from None
+            raise TableError(f"{shown} line {number}: not valid JSON ({e}): {line[:80]!r}") from None
         if not isinstance(row, dict):
-            raise TableError(f"{path}: line {number} is a JSON {type(row).__name__}, not an object "
+            raise TableError(f"{shown} line {number}: a JSON {type(row).__name__}, expected an object "
                              '({"prompt": ..., "answer": ...})')
         rows.append(row)
     if not rows:
-        raise TableError(f"{path}: the file has no rows")
+        raise TableError(f"{shown}: the file has no rows")
     return rows
 
 
-def _json_document(text: str, path: Path) -> list[dict]:
+def _json_document(text: str, shown: str) -> list[dict]:
     try:
         value = json.loads(text)
     except ValueError:
-        return _json_lines(text, path)  # JSON lines under a .json name
+        return _json_lines(text, shown)  # JSON lines under a .json name
     if isinstance(value, dict):
-        return _json_lines(text, path)  # one object: a one-line JSONL file
+        return _json_lines(text, shown)  # one object: a one-line JSONL file
     if not isinstance(value, list) or not value:
-        raise TableError(f"{path}: expected a JSON array of row objects (or JSON lines), got "
+        raise TableError(f"{shown}: expected a JSON array of row objects (or JSON lines), got "
                          f"{'an empty array' if value == [] else type(value).__name__}")
     for i, row in enumerate(value):
         if not isinstance(row, dict):
-            raise TableError(f"{path}: element {i} of the array is a JSON {type(row).__name__}, not an object")
+            raise TableError(f"{shown}: element {i} of the array is a JSON {type(row).__name__}, not an object")
     return value
 
 
-def _csv_rows(text: str, path: Path, delimiter: str) -> list[dict]:
+def _csv_rows(text: str, shown: str, delimiter: str) -> list[dict]:
     lines = text.splitlines(keepends=True)
     reader = csv.reader(lines, delimiter=delimiter)
     try:
         header = next(reader)
     except StopIteration:
-        raise TableError(f"{path}: the file is empty (no header row)") from None
+        raise TableError(f"{shown}: the file is empty (no header row)") from None
     if len(set(header)) != len(header) or not all(h.strip() for h in header):
-        raise TableError(f"{path}: line 1 (the header) needs distinct, non-empty column names, got {header}")
+        raise TableError(f"{shown} line 1 (the header): needs distinct, non-empty column names, got {header}")
     rows = []
     for values in reader:
         if not any(v.strip() for v in values):
             continue
         if len(values) != len(header):
-            raise TableError(f"{path}: line {reader.line_num} has {len(values)} fields, the header has "
+            raise TableError(f"{shown} line {reader.line_num}: {len(values)} fields, the header has "
                              f"{len(header)} ({header})")
         rows.append({h: (v if v != "" else None) for h, v in zip(header, values)})
     if not rows:
-        raise TableError(f"{path}: the file has a header but no rows")
+        raise TableError(f"{shown}: the file has a header but no rows")
     for column in header:
         _infer_numbers(rows, column)
     return rows

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from grpo.errors import ModelDirError
+
 log = logging.getLogger("grpo.models")
 
 
@@ -41,14 +43,6 @@ def builtin_spec(cfg) -> dict:
     }
 
 
-def builtin_source(cfg) -> str:
-    """'shipped' when the package holds the built-in model of this config, else 'cached' (built once by the
-    warm-up, then read from the cache)."""
-    from grpo.models.builtin import shipped_model_dir
-
-    return "shipped" if shipped_model_dir(builtin_spec(cfg)) is not None else "cached"
-
-
 def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
     """The directory holding the policy's weights and tokenizer. For the built-in model: the shipped one when
     the package has this config's model, else the cached one, made by `build(tmp_dir)` when missing (the
@@ -63,21 +57,17 @@ def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
             return shipped
 
         def missing(path: Path) -> None:
-            from grpo.config import ConfigError
+            from grpo.errors import ConfigError
 
             raise ConfigError("the built-in model of these warmup.* / data.* settings is not built yet: "
                               "`grpo train` or `grpo warmup` builds it")
 
         return cached_model_dir(spec, build or missing)
     if name.startswith("builtin:"):
-        raise ValueError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
-    path = Path(name).expanduser()
-    if not (path / "config.json").exists():
-        raise ValueError(
-            f"model.name={name!r} is not a local model directory (no config.json); models are never downloaded "
-            "at run time: pass a directory saved with save_pretrained, or 'builtin:tiny'"
-        )
-    return path
+        raise ModelDirError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
+    from grpo.models.checks import check_model_dir
+
+    return check_model_dir(name, field="model.name")  # config, complete weights, tokenizer: ModelDirError if not
 
 
 def load_tokenizer(path: Path):
@@ -88,7 +78,7 @@ def load_tokenizer(path: Path):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if tok.eos_token is None:
-        raise ValueError(f"tokenizer at {path} has no eos_token; generation could not stop")
+        raise ModelDirError(f"tokenizer at {path} has no eos_token; generation could not stop")
     return tok
 
 

@@ -12,6 +12,7 @@ See docs/scale.md for launch commands.
 from grpo.parallel.dist import (
     SINGLE,
     Dist,
+    all_reduce_grads,
     all_reduce_sum,
     barrier,
     check_parallel_config,
@@ -32,6 +33,6 @@ from grpo.parallel.wrap import (
     wrap_policy,
 )
 
-__all__ = ["SINGLE", "Dist", "NullWriter", "SyncedGuard", "align_batch", "all_reduce_sum", "backward_sync", "barrier",
+__all__ = ["SINGLE", "Dist", "NullWriter", "SyncedGuard", "align_batch", "all_reduce_grads", "all_reduce_sum", "backward_sync", "barrier",
            "check_parallel_config", "checkpoint_views", "full_state_dict", "generation", "init_distributed", "is_fsdp", "is_main", "shard_frozen",
            "world_size", "wrap_policy"]

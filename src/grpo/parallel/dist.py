@@ -58,6 +58,23 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_grads(params) -> None:
+    """Sum the gradients of `params` over the ranks, in place, in one collective (a flat buffer); the identity with
+    one process. For a model that is not wrapped in DDP/FSDP (the PPO critic), whose loss each rank has already
+    scaled by the job's token count."""
+    if not _active():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    _dist().all_reduce(flat, op=_dist().ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 @dataclass
 class Dist:
     """This process's place in the job: rank, world size, local rank (its GPU), backend and strategy."""

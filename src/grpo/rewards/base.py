@@ -16,12 +16,15 @@ function. Parametrised built-ins (`regex_format`, `overlong`, `reward_model`) ar
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
 import inspect
 from collections.abc import Callable
 from typing import Any
+
+from grpo.errors import UserError
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -57,8 +60,9 @@ class RewardFunctionError(RuntimeError):
         super().__init__(msg)
 
 
-class UnknownRewardFunction(ValueError, KeyError):
-    """No reward function is registered under that name (a ValueError, and a KeyError for dict-style callers)."""
+class UnknownRewardFunction(UserError, KeyError):
+    """No reward function is registered under that name (a UserError, so a ValueError, and a KeyError for
+    dict-style callers)."""
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -97,7 +101,10 @@ def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
     _load_builtins()
     if name not in REWARD_FUNCTIONS:
         known = ", ".join(sorted(REWARD_FUNCTIONS))
-        raise UnknownRewardFunction(f"unknown reward function {name!r}; known: {known}")
+        close = difflib.get_close_matches(str(name), list(REWARD_FUNCTIONS), n=3, cutoff=0.6)
+        guess = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise UnknownRewardFunction(f"unknown reward function {name!r}{guess}; known: {known}. reward.functions "
+                                    "takes these names; register your own with grpo.rewards.register_reward")
     fn = REWARD_FUNCTIONS[name]
     requires = getattr(fn, "requires", None)
     if requires and importlib.util.find_spec(requires[0]) is None:

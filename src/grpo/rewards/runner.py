@@ -16,7 +16,8 @@ Failure semantics (RELIABILITY.md sections 3 and 9, cases 4-7):
   process group, at `timeout_s`. After a timeout the samples are retried one at a time in a new child, streaming
   results back, for at most one more `timeout_s`; samples without a result by then are missing (status "timeout").
   So one function costs at most about 2 x timeout_s. Timeouts make samples missing but do not count as failures.
-- Wrong length, NaN, inf or a non-number is a bug in the function: ValueError naming it and the index.
+- Wrong length, NaN, inf or a non-number is a bug in the function: RewardOutputError (a grpo.errors.UserError,
+  so a ValueError) naming it and the index.
 - Functions run concurrently in threads, so slow verifiers overlap. Functions that must not fork (a torch model:
   `in_process=True`, e.g. RewardModel) run in their thread with no kill on timeout.
 The total is NaN when any weighted function is missing for a sample, because a partial sum mixes scales (a sample
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from grpo.errors import RewardOutputError
 from grpo.rewards._fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError
 
@@ -225,7 +227,7 @@ class RewardRunner:
         outcomes = {spec.name: fut.result() for spec, fut in zip(self.specs, futures, strict=True)}
         for spec in self.specs:
             if outcomes[spec.name].invalid:
-                raise ValueError(outcomes[spec.name].invalid)
+                raise RewardOutputError(outcomes[spec.name].invalid)  # a ValueError, as before
         for spec in self.specs:
             o = outcomes[spec.name]
             failed = o.status.count("error")

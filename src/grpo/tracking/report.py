@@ -18,10 +18,11 @@ def _fmt(v) -> str:
 
 
 def write_report(run_dir: Path) -> Path:
-    """Write run_dir/report.html and return its path. Raises FileNotFoundError naming a missing metrics file."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").exists():
-        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: not a grpo run directory")
+    """Write run_dir/report.html and return its path. Raises RunDirError (a UserError and a FileNotFoundError)
+    naming what is wrong when run_dir is not a readable run directory."""
+    from grpo.train.rundir import check_run_dir
+
+    run_dir = check_run_dir(run_dir)
     from grpo.tracking.plots import plot_run
 
     plot = plot_run(run_dir)[0]

@@ -31,6 +31,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
+from grpo.models.lora import unwrap
+
 __all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "capture_rng_state", "restore_rng_state"]
 
@@ -144,21 +146,10 @@ def _remove(path: Path) -> None:
     shutil.rmtree(trash)
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module under DDP (`.module`) and `torch.compile` (`._orig_mod`) wrappers."""
-    while True:
-        if isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
-
-
 # ----------------------------------------------------------------------------------------------- model I/O
 def _save_model(model: torch.nn.Module, directory: Path) -> str:
     """Write weights as safetensors; `save_pretrained` when available. Returns the format name."""
-    model = _unwrap(model)
+    model = unwrap(model)
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained"):
         model.save_pretrained(directory, safe_serialization=True)
@@ -172,7 +163,7 @@ def _load_model(model: torch.nn.Module, directory: Path, where: str) -> None:
 
     Aliases of tied weights may be absent from the file. A PEFT model gets (only) its adapter weights back.
     """
-    model = _unwrap(model)
+    model = unwrap(model)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"checkpoint {where} has no *.safetensors weights in {directory}")
@@ -387,7 +378,7 @@ def _write_contents(tmp: Path, step: int, model, tokenizer, optimizers, schedule
     _fault_hook("after_state")
     return {"format": FORMAT, "version": VERSION, "step": step,
             "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "model": {"format": fmt, "class": type(_unwrap(model)).__name__},
+            "model": {"format": fmt, "class": type(unwrap(model)).__name__},
             "tokenizer": tokenizer is not None, "extra_models": extra_fmt,
             "optimizers": sorted(optimizers), "schedulers": sorted(schedulers)}
 

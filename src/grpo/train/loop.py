@@ -7,7 +7,10 @@ Everything written here follows DESIGN.md's run-directory contract; docs/reliabi
   health monitor, so the run continues bitwise as if never stopped. Changing a setting that changes what a step
   means (INCOMPATIBLE) is refused with a ConfigError naming the fields; other changes are printed.
 - Preemption: SIGTERM/SIGINT finish the current step, then a committed checkpoint is written, the resume command
-  is printed, and `run_training` returns normally (the CLI exits 0). A second Ctrl-C aborts at once.
+  is printed, and `run_training` raises `grpo.errors.Preempted` (the CLI exits 130 / 143). A second Ctrl-C aborts
+  at once.
+- Rewards that give no value (grpo.train.guards): `reward.max_missing_steps` steps in a row without any value from
+  a weighted reward function save a checkpoint and raise RewardsMissing (a HealthGuardError: exit code 3).
 - Non-finite guard: a step whose loss or gradient norm is NaN/inf is skipped by `policy_update`; here it is
   counted and the batch's prompt uids printed, and `train.max_nan_steps` consecutive ones raise NonFiniteError.
 - A failed checkpoint save (disk full) raises CheckpointError naming the previous, intact checkpoint, or with
@@ -27,6 +30,7 @@ import torch
 import yaml
 
 from grpo.config import ConfigError, build_config
+from grpo.errors import HealthGuardError, Preempted
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.tracking.clock import RunClock
 from grpo.tracking.console import RunConsole
@@ -39,6 +43,7 @@ from grpo.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from grpo.train.guards import RewardGuard
 from grpo.train.preemption import PreemptionGuard
 
 log = logging.getLogger("grpo.train")
@@ -50,7 +55,7 @@ INCOMPATIBLE = ["model.name", "rollout.group_size", "rollout.prompts_per_step", 
                 "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(HealthGuardError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 
@@ -179,6 +184,9 @@ class _Run:
         h = state.get("health", {})
         self.health._fired, self.health._streak = set(h.get("fired", [])), dict(h.get("streak", {}))
         self.health._rewards = list(h.get("rewards", []))
+        specs = getattr(getattr(trainer, "rewards", None), "specs", [])
+        self.reward_guard = RewardGuard({s.name: s.weight for s in specs}, self.cfg.reward.max_missing_steps,
+                                        state.get("reward_guard"))
 
     def state(self) -> dict:
         h = self.health
@@ -186,7 +194,8 @@ class _Run:
                 "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
                 "times": self.clock.state(),
                 "config": self.cfg.to_dict(),
-                "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]}}
+                "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]},
+                "reward_guard": self.reward_guard.state_dict()}
 
     def evaluate(self) -> float:
         """Held-out accuracy, timed (time/eval_s) and with progress."""
@@ -254,6 +263,11 @@ class _Run:
         for warning in self.health.observe(metrics):
             self.out(f"[grpo] warning: {warning}")
         self.con.update(step, metrics, self.accuracy)
+        stop, warnings = self.reward_guard.observe(step, metrics)  # rewards that give no value (guards.py)
+        for warning in warnings:
+            self.out(f"[grpo] warning: {warning}", soft_wrap=True)
+        if stop is not None:
+            raise self.unhealthy(stop)
         if self.nan_streak >= cfg.train.max_nan_steps:
             raise NonFiniteError(f"{self.nan_streak} consecutive steps (the last is step {step}) had a non-finite "
                                  f"loss or gradient norm (train.max_nan_steps={cfg.train.max_nan_steps}); last batch "
@@ -262,6 +276,12 @@ class _Run:
         if (cfg.train.save_every and step % cfg.train.save_every == 0 and step < cfg.train.steps
                 and not self.guard.requested):
             self.save("periodic")
+
+    def unhealthy(self, err: HealthGuardError) -> HealthGuardError:
+        """A health guard's error, after committing this step's checkpoint (to resume from once fixed)."""
+        path = self.save("stopped")
+        self.con.stop()
+        return type(err)(f"{err}: {resume_command(self.run_dir)}" if path else str(err))
 
     def stop(self) -> dict:
         """After a stop request: save, print how to resume, return the preempted summary."""
@@ -275,8 +295,9 @@ class _Run:
 
 
 def run_training(trainer, resume: bool = False) -> dict:
-    """Train until cfg.train.steps and write the run directory; returns summary.json's content, or
-    {"preempted": True, "steps", "checkpoint"} after SIGTERM/SIGINT (the checkpoint is committed)."""
+    """Train until cfg.train.steps and write the run directory; returns summary.json's content. Raises Preempted
+    (with .summary {"preempted": True, "steps", "checkpoint"}) after SIGTERM/SIGINT once the checkpoint is committed,
+    and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     main = is_main()  # torchrun: rank 0 prints and writes files, the other ranks only compute
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
@@ -307,7 +328,7 @@ def run_training(trainer, resume: bool = False) -> dict:
             while trainer.step_count < cfg.train.steps and not guard.requested:
                 run.step(metrics_file, samples_file, tb)
             if guard.requested:
-                return run.stop()
+                raise Preempted(run.stop(), guard.signal_name)
         finally:
             con.stop()
             metrics_file.close()

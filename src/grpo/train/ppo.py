@@ -31,6 +31,7 @@ from grpo.algo import (
     masked_whiten,
 )
 from grpo.models.value import ValueModel
+from grpo.parallel import SINGLE, all_reduce_grads
 from grpo.train.optim import build_optimizer
 
 __all__ = ["Critic", "build_value_model", "token_rewards"]
@@ -71,8 +72,6 @@ class Critic:
     """The value model, its optimizer and schedule, and the GAE advantages it provides to PPO."""
 
     def __init__(self, policy, cfg, total_updates: int, dist=None):
-        from grpo.parallel import SINGLE
-
         self.cfg = cfg
         self.dist = dist or SINGLE  # several processes: each rank holds the whole critic; gradients are summed
         self.model = build_value_model(policy, cfg)
@@ -133,17 +132,8 @@ class Critic:
 
     def _all_reduce_grads(self, params) -> None:
         """Sum the critic's gradients over the ranks (each rank's loss is already divided by the job's token count)."""
-        if not self.dist.enabled:
-            return
-        import torch.distributed as tdist
-
-        grads = [p.grad for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        tdist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if self.dist.enabled:
+            all_reduce_grads(params)
 
     def update(self, batch) -> dict[str, float]:
         """algo.epochs passes of the clipped value loss over micro-batches, each one optimizer step of the critic."""

@@ -2,7 +2,9 @@
 
 Cluster schedulers (SLURM, Kubernetes, spot instances) send SIGTERM some seconds before they kill a job. Under
 `PreemptionGuard` the signal no longer kills the process: it sets `guard.requested`, and the loop finishes the
-current step, saves a committed checkpoint, prints how to resume and exits 0:
+current step, saves a committed checkpoint, prints how to resume and exits 128 + the signal's number (130 for
+SIGINT, 143 for SIGTERM: the run is not finished; `grpo.train.loop` raises `grpo.errors.Preempted`, which the
+`grpo` command turns into that code):
 
     with PreemptionGuard() as guard:
         for step in range(start, total):
@@ -10,7 +12,7 @@ current step, saves a committed checkpoint, prints how to resume and exits 0:
             if guard.requested:
                 path = save_checkpoint(run_dir, step, ...)
                 print(f"stopped by {guard.signal_name}; resume with: grpo train ... --resume")
-                sys.exit(0)
+                sys.exit(128 + signal.Signals[guard.signal_name])
 
 A second Ctrl-C (SIGINT) while a stop is already requested raises KeyboardInterrupt at once: the user really
 wants out. Signal handlers can only be installed from the main thread; elsewhere the guard is a no-op

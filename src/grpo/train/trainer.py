@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import random
-import resource
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo.algo import dr_grpo_advantages, group_advantages, rloo_advantages, zero_std_groups
+from grpo.algo import zero_std_groups
+from grpo.algo.registry import advantage_estimator
 from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
@@ -26,7 +26,9 @@ from grpo.models.loading import load_policy
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
+from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
+from grpo.train.rundir import check_output_dir
 from grpo.train.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
@@ -38,10 +40,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class Trainer:
@@ -58,7 +56,7 @@ class Trainer:
         set_seed(cfg.train.seed)
         self.console = console
         self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
-        self.run_dir = Path(run_dir or cfg.train.output_dir or default_run_dir(cfg))
+        self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         self.eval_prompts = self.task.split("test", cfg.eval.n)
@@ -184,13 +182,11 @@ class Trainer:
         return batch
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
-        rewards = rewards.to(self.device)
-        if a.advantage == "grpo":
-            return group_advantages(rewards, G, std=a.std, scale=a.scale, eps=a.eps)
-        if a.advantage == "dr_grpo":
-            return dr_grpo_advantages(rewards, G)
-        return rloo_advantages(rewards, G)
+        """(N,) rewards -> (N,) advantages from the registered estimator algo.advantage (grpo.algo.registry)."""
+        a = self.cfg.algo
+        estimator = advantage_estimator(a.advantage)
+        return estimator(rewards.to(self.device), group_size=self.cfg.rollout.group_size, std=a.std, scale=a.scale,
+                         eps=a.eps)
 
     def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
         total, adv = self.dist.gather_cat(scores.total), self.dist.gather_cat(adv)  # the job's, with several ranks

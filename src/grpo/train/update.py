@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import (aggregate, cispo_surrogate, clipped_surrogate, entropy_from_logits, high_entropy_mask, kl_estimate,
-                       masked_mean, token_logprobs)
+from grpo.algo import aggregate, entropy_from_logits, high_entropy_mask, kl_estimate, masked_mean, token_logprobs
+from grpo.algo.registry import policy_loss as policy_loss_fn
 from grpo.models.forward import completion_logits
 
 
@@ -95,6 +95,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     dist = dist or SINGLE
     algo, kl_cfg = cfg.algo, cfg.kl
     use_kl_loss = kl_cfg.coef > 0 and batch.ref_logp is not None and algo.advantage != "gae"
+    loss_fn = policy_loss_fn(algo.policy_loss)  # grpo.algo.registry: clip, cispo, or a user's registered loss
     num_tokens = batch.mask.sum()
     num_seqs = batch.mask.shape[0]
     if dist.enabled:
@@ -112,13 +113,8 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
             mask = batch.mask[rows_n]
             logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True)
             old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
-            if algo.policy_loss == "cispo":
-                token_loss, m = cispo_surrogate(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
-                                                clip_high=algo.clip_high)
-            else:
-                token_loss, m = clipped_surrogate(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
-                                                  clip_high=algo.clip_high, level=algo.ratio_level,
-                                                  dual_clip=algo.dual_clip)
+            token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
+                                    clip_high=algo.clip_high, level=algo.ratio_level, dual_clip=algo.dual_clip)
             weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
             if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
                 keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)

@@ -1,0 +1,100 @@
+"""The errors `grpo` raises on purpose, and the exit code each one means to the `grpo` command.
+
+    GrpoError
+    ├── UserError (a ValueError)        bad input: a config value, data file, model or run directory, reward name
+    │   ├── ConfigError                   a config key, value or file            (also `grpo.config.ConfigError`)
+    │   │   └── DataFileError             a data set file, row or column         (also `grpo.data.files.DataFileError`)
+    │   ├── ModelDirError                 a model or tokenizer directory that cannot be loaded
+    │   ├── RewardOutputError             a reward function's output breaks the protocol (NaN, wrong count, ...)
+    │   └── RunDirError                   a run directory (`grpo report`) that is not one
+    └── RunStopped                      a run that ended before its last step, on purpose
+        ├── HealthGuardError              a guard stopped a run that cannot learn (rewards missing, non-finite loss)
+        └── Preempted                     SIGINT / SIGTERM: a checkpoint is committed, the run can be resumed
+
+Every input is checked where it enters (data files: grpo.data.file_checks; model directories:
+grpo.models.checks; run directories: grpo.train.rundir; reward names: grpo.rewards.get_reward_function; config:
+grpo.config), so the library raises these same types to Python callers. The command prints one message for them,
+without a traceback (unless `--debug` or GRPO_DEBUG=1), and exits with `exit_code`:
+
+    0    the run finished all its steps (or the command did its job)
+    1    a failure during the run (a reward function that keeps raising, a checkpoint that cannot be saved) or a bug
+    2    bad input (UserError)
+    3    stopped by a health guard (HealthGuardError)
+    130  stopped by SIGINT after committing a checkpoint (Preempted); 143 for SIGTERM (128 + the signal number)
+"""
+
+from __future__ import annotations
+
+import signal
+
+__all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError", "GrpoError",
+           "HealthGuardError", "ModelDirError", "Preempted", "RewardOutputError", "RunDirError", "RunStopped",
+           "UserError"]
+
+EXIT_OK, EXIT_FAILURE, EXIT_USER, EXIT_HEALTH = 0, 1, 2, 3
+
+
+class GrpoError(Exception):
+    """Base of the errors grpo raises on purpose; `exit_code` is what `grpo` exits with."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UserError(GrpoError, ValueError):
+    """Bad input (a file, directory, name or value); the message names it, and what to do."""
+
+    exit_code = EXIT_USER
+
+
+class ConfigError(UserError):
+    """A config value, key or file that cannot be used; the message names the field."""
+
+
+class DataFileError(ConfigError):
+    """A data set file (or Hub data set) that cannot be used; the message names the file, and the line, row or
+    column."""
+
+
+class ModelDirError(UserError):
+    """A model or tokenizer directory that cannot be loaded (missing, no config, weights cut short, no tokenizer)."""
+
+
+class RewardOutputError(UserError):
+    """A reward function returned something that breaks the protocol: a wrong count, NaN/inf, a non-number."""
+
+
+class RunDirError(UserError, FileNotFoundError):
+    """A directory given as a run directory that is not one (also a FileNotFoundError, as before)."""
+
+
+class RunStopped(GrpoError):
+    """A training run that stopped before its last step on purpose; no `final/` was written."""
+
+
+class HealthGuardError(RunStopped, RuntimeError):
+    """A health guard stopped a run that cannot learn (no reward values, non-finite losses)."""
+
+    exit_code = EXIT_HEALTH
+
+
+class Preempted(RunStopped):
+    """SIGINT/SIGTERM (or another stop request) stopped the run after a committed checkpoint.
+
+    summary: {"preempted": True, "steps": int, "checkpoint": str | None}; signal_name: "SIGTERM", "SIGINT" or
+    the reason given to `PreemptionGuard.request`. exit_code: 128 + the signal's number (130 for SIGINT, 143 for
+    SIGTERM); 143 for a stop request that is not a signal.
+    """
+
+    def __init__(self, summary: dict, signal_name: str | None) -> None:
+        self.summary, self.signal_name = dict(summary), signal_name
+        self.steps, self.checkpoint = summary.get("steps"), summary.get("checkpoint")
+        what = f"checkpoint {self.checkpoint} committed" if self.checkpoint else "nothing saved"
+        super().__init__(f"stopped by {signal_name or 'a stop request'} at step {self.steps} before the last "
+                         f"step; {what}")
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        try:
+            return 128 + int(signal.Signals[self.signal_name or ""])
+        except KeyError:
+            return 128 + int(signal.SIGTERM)

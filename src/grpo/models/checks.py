@@ -1,0 +1,123 @@
+"""Check a model directory before anything loads it: one ModelDirError naming the file and what to do, instead of a
+hub "Repo id" or safetensors traceback later.
+
+    check_model_dir(path, field="model.name")     raises ModelDirError, or returns the path
+
+Checked, in this order (cheap: headers and sizes, no tensor is read):
+- the directory exists and is a directory (models are never downloaded at run time);
+- config.json is there and is a JSON object (or, for a LoRA adapter saved by `save_final`, adapter_config.json);
+- the weights: each `*.safetensors` file (those a `model.safetensors.index.json` names, when sharded) has a
+  readable header and is as long as its header says (a cut-off copy is caught here); a `pytorch_model.bin` is a
+  readable zip archive (torch's format), which a cut-off file is not;
+- the tokenizer: tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json or vocab.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from pathlib import Path
+
+from grpo.errors import ModelDirError
+
+__all__ = ["TOKENIZER_FILES", "check_model_dir", "check_safetensors"]
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+MAX_HEADER = 100 * 2**20  # safetensors refuses headers over 100 MB
+
+
+def check_model_dir(path: str | Path, *, field: str = "model.name", tokenizer: bool = True) -> Path:
+    """`path` as a Path once it holds a loadable config, complete weights and (if `tokenizer`) a tokenizer;
+    otherwise ModelDirError naming `field`, the file and what to do."""
+    p = Path(path).expanduser()
+    where = f"{field}={str(path)!r}"
+    if not p.exists():
+        raise ModelDirError(f"{where}: no such directory. Models are never downloaded at run time: pass a directory "
+                            "saved with save_pretrained (e.g. a run's final/), or 'builtin:tiny'")
+    if not p.is_dir():
+        raise ModelDirError(f"{where} is a file, not a model directory (a directory saved with save_pretrained)")
+    adapter = (p / "adapter_config.json").is_file() and not (p / "config.json").exists()
+    _check_json(p / ("adapter_config.json" if adapter else "config.json"), where)
+    _check_weights(p, where, adapter)
+    if tokenizer and not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelDirError(f"{where}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save it into the same "
+                            "directory with tokenizer.save_pretrained(path)")
+    return p
+
+
+def _check_json(file: Path, where: str) -> None:
+    if not file.is_file():
+        raise ModelDirError(f"{where}: no {file.name} in {file.parent}, so it is not a model directory saved with "
+                            "save_pretrained; models are never downloaded at run time")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise ModelDirError(f"{where}: {file} is not readable JSON ({e}); the directory is damaged, save the model "
+                            "again") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{where}: {file} holds {type(data).__name__}, expected a JSON object")
+
+
+def _check_weights(p: Path, where: str, adapter: bool) -> None:
+    prefix = "adapter_model" if adapter else "model"
+    index = p / f"{prefix}.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:
+            raise ModelDirError(f"{where}: {index} is not a readable shard index ({type(e).__name__}: {e})") from None
+        for name in shards:
+            if not (p / name).is_file():
+                raise ModelDirError(f"{where}: {name}, listed in {index.name}, is missing; copy the whole directory")
+            check_safetensors(p / name, where)
+        return
+    safetensors = sorted(p.glob("*.safetensors"))
+    if safetensors:
+        for file in safetensors:
+            check_safetensors(file, where)
+        return
+    bins = sorted(p.glob(f"{prefix}*.bin")) or sorted(p.glob("pytorch_model*.bin"))
+    if bins:
+        for file in bins:
+            if not zipfile.is_zipfile(file):
+                raise ModelDirError(f"{where}: {file} is not a readable torch checkpoint (cut short or damaged); "
+                                    "copy or save the model again")
+        return
+    raise ModelDirError(f"{where}: no weights in {p} ({prefix}.safetensors, {prefix}.safetensors.index.json or "
+                        "pytorch_model.bin); save the model with model.save_pretrained(path)")
+
+
+def check_safetensors(file: Path, where: str = "") -> None:
+    """ModelDirError unless `file` has a readable safetensors header and is at least as long as the header says.
+
+    Layout: 8 bytes little-endian header length n, n bytes of JSON {name: {"dtype", "shape", "data_offsets":
+    [begin, end]}, "__metadata__": {...}}, then the tensor bytes; every end must fit in the file."""
+    size = file.stat().st_size
+    lead = f"{where}: " if where else ""
+    again = "copy or save the model again (an interrupted copy or download?)"
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ModelDirError(f"{lead}{file} is cut short ({size} bytes, not even a header); {again}")
+            n = struct.unpack("<Q", raw)[0]
+            if n > MAX_HEADER or 8 + n > size:
+                raise ModelDirError(f"{lead}{file} is cut short or not a safetensors file (its header claims {n} "
+                                    f"bytes, the file has {size}); {again}")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, ModelDirError):
+            raise
+        raise ModelDirError(f"{lead}{file} has an unreadable safetensors header ({e}); {again}") from None
+    if not isinstance(header, dict):
+        raise ModelDirError(f"{lead}{file} has an unreadable safetensors header; {again}")
+    ends = []
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) and name != "__metadata__" else [0, 0]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(x, int) for x in offsets)):
+            raise ModelDirError(f"{lead}{file}: the header entry {name!r} has no valid data_offsets; {again}")
+        ends.append(offsets[1])
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        raise ModelDirError(f"{lead}{file} is cut short: {size} bytes, its header says {need}; {again}")

@@ -1,0 +1,80 @@
+"""Checks of run directories where they enter: the output directory of `grpo train` (before any model loads) and
+the run directory `grpo report` reads. Each failure is one UserError naming the directory or file and the line.
+
+    check_output_dir(path)    ConfigError unless a run can write there (it is created when missing)
+    check_run_dir(path)       RunDirError unless it is a readable grpo run directory
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from grpo.errors import ConfigError, RunDirError
+
+__all__ = ["check_output_dir", "check_run_dir"]
+
+FIELD = "train.output_dir (--output-dir)"
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """`path` as a Path if it is a directory, or can be created as one, and is writable; else ConfigError."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{FIELD}={str(path)!r} is a file, not a directory; pass a directory (it is created when "
+                          "missing), e.g. runs/my-run")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{FIELD}={str(path)!r}: {existing} is a file, so the directory cannot be created there")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{FIELD}={str(path)!r}: no permission to write in {existing}; pass a directory you can "
+                          "write to")
+    return p
+
+
+def check_run_dir(path: str | Path) -> Path:
+    """`path` as a Path if it is a run directory `grpo train` wrote (metrics.jsonl with readable lines); else
+    RunDirError naming what is wrong and where."""
+    p = Path(path).expanduser()
+    what = f"run directory {str(path)!r}"
+    if not p.exists():
+        raise RunDirError(f"{what}: no such directory; pass the --output-dir of a `grpo train` run")
+    if not p.is_dir():
+        raise RunDirError(f"{what} is a file, not a directory; pass the --output-dir of a `grpo train` run")
+    if not (p / "metrics.jsonl").is_file():
+        raise RunDirError(f"{what} has no metrics.jsonl: not a grpo run directory (or a run stopped before its "
+                          "first step); pass the --output-dir of a `grpo train` run")
+    steps = _check_jsonl(p / "metrics.jsonl")
+    _check_jsonl(p / "samples.jsonl")
+    if steps == 0:
+        raise RunDirError(f"{what}: metrics.jsonl has no steps yet (the run stopped before its first step)")
+    summary = p / "summary.json"
+    if summary.is_file():
+        try:
+            json.loads(summary.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            raise RunDirError(f"{summary} is not readable JSON ({e}); delete it or finish the run again") from None
+    return p
+
+
+def _check_jsonl(file: Path) -> int:
+    """The number of rows of a JSONL file of the run (0 when missing); RunDirError naming a bad line."""
+    if not file.is_file():
+        return 0
+    rows = 0
+    with open(file, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except ValueError as e:
+                raise RunDirError(f"{file} line {number} is not valid JSON ({e}): a write cut off by a kill? Delete "
+                                  "that line, or resume the run (`grpo train ... --resume` repairs it)") from None
+            if not isinstance(row, dict) or "step" not in row:
+                raise RunDirError(f"{file} line {number} is not a step record (a JSON object with 'step')")
+            rows += 1
+    return rows
