@@ -46,7 +46,7 @@ def cpu_model() -> str:
 def run_train(name: str, overrides: list[str], out_root: Path, nice: int) -> dict:
     """One `grpo train` process with an empty GRPO_CACHE; its summary.json plus the process's wall time."""
     run_dir = out_root / name
-    env = dict(os.environ, GRPO_CACHE=str(out_root / f"cache-{name}"),
+    env = dict(os.environ, GRPO_CACHE=str(out_root / f"cache-{name}"), COLUMNS="116",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     cmd = ["nice", "-n", str(nice), sys.executable, "-m", "grpo.cli", "train", *overrides, "--output-dir", str(run_dir)]
     t0 = time.perf_counter()
@@ -55,9 +55,12 @@ def run_train(name: str, overrides: list[str], out_root: Path, nice: int) -> dic
     if proc.returncode != 0:
         raise SystemExit(f"{name}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
+    lines = proc.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if "grpo train: done" in line), len(lines))
+    printed = [line.replace(str(run_dir), f"runs/{name.replace(' ', '-')}") for line in lines[start:]]
     return {"name": name, "command": "grpo train " + " ".join(overrides), "process_s": round(process_s, 1),
             **{k: summary[k] for k in summary if k.startswith(("eval/", "time/")) or k in
-               ("steps", "wall_s", "model_source")}}
+               ("steps", "wall_s", "model_source")}, "printed": printed}
 
 
 def table_rows(runs: list[dict]) -> list[str]:
