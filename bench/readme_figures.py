@@ -83,27 +83,27 @@ def main() -> None:
     parser.add_argument("--no-own-data", action="store_true")
     parser.add_argument("--steps", type=int, help="train.steps (default: the preset's, as in the README)")
     parser.add_argument("--eval-n", type=int, help="eval.n (default: the preset's)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=V", help="more overrides for every run")
     parser.add_argument("--nice", type=int, default=5)
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "readme_figures.json"))
     args = parser.parse_args()
     extra = ([f"train.steps={args.steps}"] if args.steps else []) + ([f"eval.n={args.eval_n}"] if args.eval_n else [])
-    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": list(os.getloadavg())}
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="grpo-readme-") as tmp:
-        for seed in args.seeds:
-            runs.append(run_train(f"train.seed={seed}", [f"train.seed={seed}", *extra], Path(tmp), args.nice))
-            print(table_rows(runs[-1:])[0], flush=True)
-        if not args.no_own_data:
-            runs.append(run_train("own data", [*OWN_DATA, *extra], Path(tmp), args.nice))
-            print(table_rows(runs[-1:])[0], flush=True)
-    machine["load_after"] = list(os.getloadavg())
+    extra += args.set
     import torch
     import transformers
 
+    machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": list(os.getloadavg())}
     result = {"machine": machine, "torch": torch.__version__, "transformers": transformers.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "overrides": extra, "runs": runs}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "overrides": extra, "runs": []}
+    jobs = [(f"train.seed={s}", [f"train.seed={s}", *extra]) for s in args.seeds]
+    jobs += [] if args.no_own_data else [("own data", [*OWN_DATA, *extra])]
+    with tempfile.TemporaryDirectory(prefix="grpo-readme-") as tmp:
+        for name, overrides in jobs:
+            result["runs"].append(run_train(name, overrides, Path(tmp), args.nice))
+            print(table_rows(result["runs"][-1:])[0], flush=True)
+            machine["load_after"] = list(os.getloadavg())
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(json.dumps(result, indent=2) + "\n")  # after each run: nothing is lost
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, load average {machine['load_before'][0]:.1f} before "
           f"and {machine['load_after'][0]:.1f} after; wrote {args.output}")
 

@@ -87,12 +87,17 @@ def test_own_data_command_trains_the_built_in_model_on_the_example_file(tmp_path
 
 def figures() -> list[list[str]]:
     table = README.split("<!-- readme-figures -->", 1)[1].strip().split("\n\n", 1)[0]
+    assert table.startswith("| run | accuracy before | after | gain |")
     return [[c.strip() for c in row.strip("|").split("|")] for row in table.splitlines()[2:]]
 
 
 def test_the_readme_figures_are_the_benchmark_script_results_and_the_shipped_model():
-    result = json.loads((ROOT / "bench" / "results" / "readme_figures.json").read_text())
+    path = ROOT / "bench" / "results" / "readme_figures.json"
     rows = figures()
+    if not path.exists():  # not measured yet: then the README's table must be empty, not hand-written
+        assert rows == []
+        pytest.skip("bench/results/readme_figures.json not generated yet: python bench/readme_figures.py")
+    result = json.loads(path.read_text())
     assert [r[0] for r in rows] == [r["name"] for r in result["runs"]]
     for row, run in zip(rows, result["runs"]):
         before, after = run["eval/accuracy_before"], run["eval/accuracy_after"]
