@@ -35,8 +35,10 @@ def commands(name: str) -> tuple[list[list[str]], list[str]]:
 
 
 def table_fields(output: str) -> list[str]:
-    """The first column of a printed rich table ('│ held-out accuracy │ ... │' -> 'held-out accuracy')."""
-    return [row.split("│")[1].strip() for row in output.splitlines() if row.count("│") >= 3 and row.split("│")[1].strip()]
+    """The first column of a printed rich table ('│ held-out accuracy │ ... │' -> 'held-out accuracy'; rich draws
+    '|' instead of '│' where the terminal's encoding has no box characters)."""
+    cells = [re.split(r"[│|]", row) for row in output.splitlines() if len(re.findall(r"[│|]", row)) >= 3]
+    return [c[1].strip() for c in cells if c[1].strip()]
 
 
 def run_readme_command(argv: list[str], fast: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
