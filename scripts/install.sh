@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # Install grpo with a torch build that fits the machine: the CPU wheel where there is no NVIDIA GPU
 # (an unpinned `pip install torch` would pull a multi-GB CUDA build), the default CUDA wheel where there is one.
+# It installs into the active `python3` (a virtual environment when one is active) and says which.
 # Usage: bash scripts/install.sh [EXTRAS]   e.g. EXTRAS=dev,math
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
 pip_install() { python3 -m pip install -q --disable-pip-version-check "$@"; }
+# Say where this goes: into whatever `python3` is first on PATH (a virtual environment when one is active).
+prefix="$(python3 -c 'import sys; print(sys.prefix)')"
+where="the Python at $prefix ($(command -v python3))"
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  where="the active virtual environment $VIRTUAL_ENV"
+elif [ "$(id -u)" = 0 ]; then
+  where="$where, as root"
+fi
+echo "installing grpo (editable: this checkout, $(pwd)) into $where"
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  echo "  to install into a virtual environment instead: python3 -m venv .venv && . .venv/bin/activate && bash scripts/install.sh"
+fi
 if ! python3 -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1; then
     pip_install "torch==2.13.0"

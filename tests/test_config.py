@@ -110,3 +110,43 @@ def test_cispo_settings_are_checked_together():
         load_config(None, ["algo.clip_low=1.0"])
     with pytest.raises(ConfigError, match="ratio_level=sequence"):
         load_config("cispo", ["algo.ratio_level=sequence"])
+
+
+@pytest.mark.parametrize("override,hint", [
+    ("beta=0.04", "`beta` (TRL) is `kl.coef` here"),
+    ("algo.beta=0.04", "`beta` (TRL) is `kl.coef` here"),
+    ("num_generations=8", "`num_generations` (TRL) is `rollout.group_size` here"),
+    ("max_completion_length=64", "`max_completion_length` (TRL) is `rollout.max_new_tokens` here"),
+    ("epsilon=0.2", "`epsilon` (TRL) is `algo.clip_low` here"),
+    ("loss_type=dapo", "`loss_type` (TRL) is `algo.aggregate` here"),
+    ("actor_rollout_ref.rollout.n=8", "`actor_rollout_ref.rollout.n` (verl) is `rollout.group_size` here"),
+    ("learning_rate=1e-6", "is `optim.lr` here"),
+    ("optim.learning_rate=1e-6", "is `optim.lr` here"),
+    ("algo.beta_kl=0.1", "did you mean `kl.coef`?"),  # close to TRL's beta
+    ("algo.clip_hgih=0.3", "did you mean `algo.clip_high`?"),
+    ("seed=3", "did you mean `train.seed` or `warmup.seed`?"),
+])
+def test_an_unknown_key_names_our_key_or_the_closest_ones(override, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert "unknown key" in str(err.value) and hint in str(err.value)
+
+
+def test_an_unknown_key_in_a_yaml_file_gets_the_hint_too(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text("actor_rollout_ref:\n  actor:\n    kl_loss_coef: 0.001\n  rollout:\n    n: 8\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "`actor_rollout_ref.actor.kl_loss_coef` (verl) is `kl.coef` here" in str(err.value)
+    assert "`actor_rollout_ref.rollout.n` (verl) is `rollout.group_size` here" in str(err.value)
+
+
+def test_every_alias_points_at_a_real_key():
+    from grpo.config import describe_keys
+    from grpo.config_hints import ALIASES
+
+    keys = {k for k, *_ in describe_keys()}
+    assert {ours for ours, _, _ in ALIASES.values()} <= keys
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["xyzzy=1"])
+    assert str(err.value).rstrip().endswith("xyzzy: unknown key")  # nothing close: no guess

@@ -15,6 +15,7 @@ EPILOG = """examples:
   grpo train my.yaml --output-dir runs/x       a YAML file (may say `extends: dapo`)
   grpo train runs/x/config.yaml --output-dir runs/x --resume
   grpo eval runs/x/final --json
+  grpo warmup --task code --output /tmp/warm   rebuild a built-in warm model (the shipped ones need no warm-up)
 """
 
 
@@ -113,6 +114,12 @@ def _eval(args) -> int:
     return 0
 
 
+def _warmup(args) -> int:
+    from grpo.train.warm_recipe import main as warmup_main
+
+    return warmup_main(args)
+
+
 def _compare(args) -> int:
     from grpo.compare import main as compare_main
 
@@ -164,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", help="write one JSON line per problem (completions and verdicts) to this file")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_eval)
+    w = sub.add_parser("warmup", help="build the built-in model with the supervised warm-up, measure it, write its "
+                       "recipe (the default ones ship with grpo)")
+    w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. warmup.seed=1")
+    w.add_argument("--task", choices=["arithmetic", "code"], help="built-in task (default arithmetic)")
+    w.add_argument("--preset", help="preset whose settings apply (default: grpo, or code for --task code)")
+    w.add_argument("--output", help="directory to write (default ./warm-<task>)")
+    w.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy in the recipe")
+    w.set_defaults(func=_warmup)
     c = sub.add_parser("compare", help="PPO vs GRPO on the same work, measured")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides applied to every run, e.g. rollout.group_size=16")

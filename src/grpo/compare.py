@@ -188,12 +188,12 @@ def check_same_work(configs: dict) -> dict:
 def prepare_model(cfg, printer) -> None:
     """Build (or find) the built-in model once, here, so the workers never race to build it."""
     from grpo.data import get_task
-    from grpo.models.loading import model_directory
+    from grpo.train.warmup import policy_directory
 
     task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     t = time.time()
-    path = model_directory(cfg, task)
-    printer(f"[compare] model for seed {cfg.train.seed}: {path} ({time.time() - t:.0f} s)")
+    path, source = policy_directory(cfg, task)
+    printer(f"[compare] model for seed {cfg.train.seed}: {path} ({source}, {time.time() - t:.0f} s)")
 
 
 def launch(name: str, preset: str, overrides: list[str], run_dir: Path, printer) -> dict:

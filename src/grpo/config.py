@@ -43,6 +43,9 @@ class DataConfig(_Section):
     test_size: int = Field(500, ge=1)
     max_prompt_tokens: int = Field(256, ge=1)
     prompt_column: str = Field("prompt", description="data.path column with the prompt: text or a list of messages")
+    plain_prompts: Literal["auto", "template", "raw"] = Field(
+        "auto", description="text prompts of data.path: template = one user message through the chat template, raw = "
+        "as is; auto = template when the tokenizer asks for it (the built-in model's does), else raw")
     answer_column: str | None = Field("answer", description="column passed to rewards as `answer`; None = none")
     test_path: str | None = Field(None, description="held-out file; None = a hash split of data.path's rows")
     test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="share of rows held out when no test_path")
@@ -336,11 +339,27 @@ def _format_error(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             section = ".".join(str(p) for p in e["loc"][:-1])
             msg = f"unknown key{' in section ' + section if section else ''}"
+            msg += _unknown_key_hints(field, e.get("input"))
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             msg = f"must be one of {allowed}, got {e.get('input')!r}"
         lines.append(f"{field}: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _unknown_key_hints(field: str, value: Any) -> str:
+    """': `beta` (TRL) is `kl.coef` here' or ': did you mean `optim.lr`?' for an unknown key (and the keys under
+    it, when its value is a mapping such as verl's `actor_rollout_ref: {rollout: {n: 8}}`); '' when none fits."""
+    from grpo.config_hints import hint
+
+    def leaves(prefix: str, v: Any) -> list[str]:
+        if isinstance(v, dict) and v:
+            return [x for k, sub in v.items() for x in leaves(f"{prefix}.{k}", sub)]
+        return [prefix]
+
+    keys = [k for k, *_ in describe_keys()]
+    hints = [h for h in dict.fromkeys(hint(k, keys) for k in leaves(field, value)) if h]
+    return (": " + "; ".join(hints)) if hints else ""
 
 
 def build_config(data: dict[str, Any]) -> Config:

@@ -107,10 +107,16 @@ def test_config_requires_reward_functions_and_a_chat_template_for_conversations(
     data = write_chat_jsonl(tmp_path / "d.jsonl", 20)
     with pytest.raises(ValueError, match="needs reward.functions"):
         task_from_config(load_config(None, [f"data.path={data}"]))
-    # The built-in model's character tokenizer has no chat template: a clear error when rendering.
-    t = task_from_config(load_config(None, [f"data.path={data}", "reward.functions=[exact_answer]"]))
+    # A tokenizer without a chat template: a clear error when rendering a conversation.
+    no_template = chat_tokenizer()
+    no_template.chat_template = None
+    t = task_from_config(load_config(None, [f"data.path={data}", "reward.functions=[exact_answer]"]),
+                         tokenizer=no_template)
     with pytest.raises(ValueError, match="no chat_template"):
         t.split("train", 1)
+    # The built-in model's character tokenizer has one: a user message ends with the newline it was warmed up on.
+    t = task_from_config(load_config(None, [f"data.path={data}", "reward.functions=[exact_answer]"]))
+    assert t.split("train", 1)[0].text.startswith("What is ") and t.split("train", 1)[0].text.endswith("?\n")
 
 
 def test_is_correct_is_the_first_reward_at_its_maximum(tmp_path):

@@ -37,3 +37,12 @@ def test_flat_reward_is_reported_after_the_window():
     assert outs[:4] == [[]] * 4 and "has not changed for 5 steps" in outs[4][0]
     moving = HealthMonitor(flat_window=5)
     assert all(moving.observe(HEALTHY | {"reward/mean": 0.1 * i}) == [] for i in range(10))
+
+
+def test_the_zero_spread_advice_fits_where_the_prompts_come_from():
+    bad = HEALTHY | {"adv/zero_std_frac": 1.0, "reward/mean": 0.0}
+    builtin, data_file = HealthMonitor(patience=1), HealthMonitor(patience=1, data_file=True)
+    (task_warning,), (file_warning,) = builtin.observe(bad), data_file.observe(bad)
+    assert "data.difficulty" in task_warning  # only the built-in tasks have difficulty levels
+    assert "data.difficulty" not in file_warning and "data file" in file_warning and "reward" in file_warning
+    assert "rollout.group_size" in file_warning and "100% of groups" in file_warning

@@ -98,3 +98,17 @@ def test_report_is_self_contained(run, capsys):
     page = (run / "report.html").read_text()
     assert "data:image/png;base64," in page and "eval/accuracy_after" in page and "mean(r)" not in page
     assert "<h2>Sample groups</h2>" in page
+
+
+def test_summary_wall_time_counts_the_model_and_shows_its_parts(run):
+    summary = json.loads((run / "summary.json").read_text())
+    parts = {k: summary[f"time/{k}_s"] for k in ("model", "eval", "rl_steps", "save", "other")}
+    assert all(v >= 0 for v in parts.values())
+    measured = parts["model"] + parts["eval"] + parts["rl_steps"] + parts["save"]
+    assert 0 < measured <= summary["wall_s"] + 1e-3  # the parts lie inside the wall time, the model load included
+    assert abs(sum(parts.values()) - summary["wall_s"]) < 0.01
+    assert summary["model_source"] == "warm-up" and parts["model"] > 0  # warmup.steps=0: built (untrained) now
+    steps = [json.loads(line)["perf/step_s"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert parts["rl_steps"] >= sum(steps) * 0.99  # the RL part holds every step's own time
+    console = (run / "console.txt").read_text()
+    assert "evaluations" in console and "RL steps" in console and "model" in console

@@ -1,11 +1,16 @@
-"""Data set files as a Task: a local JSONL, Parquet or CSV file (read through `datasets`), a directory saved
-with `Dataset.save_to_disk`, or a `datasets` Hub name where the machine has a network.
+"""Data set files as a Task: a local JSONL, JSON or CSV file (read with the standard library, grpo.data.tables:
+part of the core install), a Parquet or compressed file, a directory saved with `Dataset.save_to_disk`, or a
+`datasets` Hub name where the machine has a network (these need the `datasets` extra: pip install 'grpo[data]').
 
     grpo train model.name=./my-model data.path=train.jsonl reward.functions=[exact_answer]
 
 Columns (mapped with data.prompt_column / data.answer_column):
-    prompt   text, used as is; or a list of {"role", "content"} messages (a conversation), rendered with the
-             model's chat template (`add_generation_prompt=True`), so `Prompt.text` is exactly what the model sees
+    prompt   a list of {"role", "content"} messages (a conversation), rendered with the model's chat template
+             (`add_generation_prompt=True`), so `Prompt.text` is exactly what the model sees; or text, which
+             data.plain_prompts decides: `template` renders it as one user message with the chat template,
+             `raw` uses it as is (TRL's convention for plain text), `auto` (default) is `template` when the
+             tokenizer says its template is how it reads plain prompts (the built-in model's does:
+             "What is 20 + 9?" becomes "What is 20 + 9?\n", the prompt format it was warmed up on), else `raw`
     answer   the reference answer, given to the rewards as `answer` (and under its own name when the column is
              called something else, for TRL-style reward functions that expect, say, `solution`); null = none
     others   `Prompt.meta`, given to the rewards as keyword arguments (TRL convention)
@@ -32,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, explain_failure
+from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_of, explain_failure
 from grpo.errors import DataFileError
 from grpo.types import Prompt
 
@@ -42,15 +47,15 @@ __all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
 
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+# plain (uncompressed) .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
 
 
 def read_table(path: str, *, subset: str | None = None, split: str = "train"):
-    """(datasets.Dataset, source name) for a local file, a saved data set directory, or a Hub name."""
-    try:
-        import datasets
-    except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise ImportError("data.path needs the `datasets` package: pip install 'grpo[data]'") from e
+    """(rows, source name) for a local file, a saved data set directory, or a Hub name; rows is a
+    grpo.data.tables.Table for a plain JSONL/JSON/CSV file (no extra needed), else a datasets.Dataset."""
+    from grpo.data.tables import PLAIN_SUFFIXES, read_plain
+
     p = Path(path).expanduser()
     if p.is_file():
         suffix = _data_suffix(p)
@@ -58,9 +63,15 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
         if builder is None:
             raise DataFileError(f"data.path={path!r}: unknown file type {suffix!r}; use one of {sorted(BUILDERS)} "
                                 f"(optionally compressed: {', '.join(COMPRESSED_SUFFIXES)})")
-        kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
         shown = str(path)
         check_file(p, builder, shown)  # empty, not UTF-8, cut-off or mixed-type rows: named by line (file_checks)
+        if suffix in PLAIN_SUFFIXES and compression_of(p) is None:
+            return read_plain(p, shown), p.name
+    elif not p.exists() and (p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~"))):
+        raise DataFileError(f"data.path={path!r} does not exist")
+    datasets = _datasets(path, p)
+    if p.is_file():  # Parquet, or a compressed file
+        kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
         try:
             with _quiet(datasets):
                 ds = datasets.load_dataset(builder, data_files=str(p), split="train", **kwargs)
@@ -87,6 +98,18 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
         raise DataFileError(f"data.path={path!r} is not a local file, and loading it as a `datasets` Hub data set "
                          f"(subset {subset!r}, split {split!r}) failed (no network?): {type(e).__name__}: {e}") from e
     return ds, path
+
+
+def _datasets(path: str, p: Path):
+    """The `datasets` module, or a DataFileError saying which install reads this kind of data."""
+    try:
+        import datasets
+    except ImportError:
+        what = "a Parquet or compressed file" if p.is_file() else \
+            "a saved data set directory" if p.is_dir() else "a Hub data set"
+        raise DataFileError(f"data.path={path!r}: reading {what} needs the `datasets` package: "
+                            "pip install 'grpo[data]' (plain JSONL, JSON and CSV files need nothing more)") from None
+    return datasets
 
 
 def _data_suffix(p: Path) -> str:
@@ -129,8 +152,12 @@ class FileTask:
     def __init__(self, path: str, *, reward_functions, prompt_column: str = "prompt",
                  answer_column: str | None = "answer", test_path: str | None = None, test_fraction: float = 0.1,
                  subset: str | None = None, split: str = "train", test_split: str | None = None,
-                 tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False):
+                 tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False,
+                 plain_prompts: str = "auto"):
+        if plain_prompts not in ("auto", "template", "raw"):
+            raise DataFileError(f"data.plain_prompts must be auto, template or raw, got {plain_prompts!r}")
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
+        self.plain_prompts = plain_prompts
         self.keep_empty = keep_empty
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
@@ -170,7 +197,7 @@ class FileTask:
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
                    test_split=d.test_split, tokenizer_loader=lambda: tokenizer if tokenizer is not None else _model_tokenizer(cfg),
-                   keep_empty=getattr(d, "filter_long_prompts", False))
+                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts)
 
     # ------------------------------------------------------------------ reading and validation
     def _read(self, ds, source: str) -> list[tuple[str, Any, Any, dict]]:
@@ -220,14 +247,27 @@ class FileTask:
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
-        """Text as is; a conversation through the tokenizer's chat template, ending with the assistant's turn."""
+        """A conversation through the tokenizer's chat template, ending with the assistant's turn; text as one user
+        message through the template or as is (data.plain_prompts, see the module docstring)."""
         if isinstance(prompt, str):
-            return prompt
+            if not self._template_plain_text(uid):
+                return prompt
+            prompt = [{"role": "user", "content": prompt}]
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
             raise DataFileError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
         return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def _template_plain_text(self, uid: str) -> bool:
+        if self.plain_prompts == "raw":
+            return False
+        if self.plain_prompts == "template":
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise DataFileError(f"{uid}: data.plain_prompts=template but the tokenizer of model.name has no "
+                                    "chat_template; use data.plain_prompts=raw or a model with a template")
+            return True
+        return plain_prompts_use_template(self.tokenizer)
 
     @property
     def tokenizer(self):
@@ -248,6 +288,18 @@ class FileTask:
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
                                   "uses them)")
+
+
+PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)
+
+
+def plain_prompts_use_template(tokenizer) -> bool:
+    """data.plain_prompts=auto: True when the tokenizer has a chat template and says (tokenizer_config.json's
+    `grpo_plain_prompts: template`, which the built-in model's tokenizer carries) that plain prompts are written
+    with it; a user's model keeps TRL's convention, plain text as is."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return False
+    return getattr(tokenizer, "init_kwargs", {}).get(PLAIN_PROMPTS_KEY) == "template"
 
 
 def _prompt_value(value, where: str, column: str, keep_empty: bool):

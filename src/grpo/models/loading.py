@@ -1,11 +1,13 @@
-"""Load the policy (and, when needed, a frozen reference) from `model.name`: the built-in model or a local
-Hugging Face directory. Devices and dtypes are resolved here and nowhere else."""
+"""Load the policy (and, when needed, a frozen reference) from a model directory: the built-in model's (shipped
+or cached) or a local Hugging Face directory. Devices and dtypes are resolved here and nowhere else. This module
+only loads directories; building the built-in model (a warm-up with an optimizer) is grpo.train.warmup's job."""
 
 from __future__ import annotations
 
 import copy
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -27,36 +29,40 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def builtin_spec(cfg) -> dict:
+    """Everything that determines the built-in model: its size, the task and split it is warmed up on, and the
+    warm-up settings (warmup.seed included; train.seed is not: it seeds the RL only)."""
     from grpo.models.builtin import TINY
 
     return {
-        "version": 3,
+        "version": 4,  # 4: the tokenizer carries the chat template
         "size": TINY,
         "task": cfg.data.task,
         "difficulty": cfg.data.difficulty,
-        "warmup": cfg.warmup.model_dump(),  # its seed included; train.seed is not: it seeds the RL only
+        "train_size": cfg.data.train_size,
+        "warmup": cfg.warmup.model_dump(),
     }
 
 
-def model_directory(cfg, task=None, console=None) -> Path:
-    """The directory holding the policy's weights and tokenizer (building the built-in model if needed)."""
+def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
+    """The directory holding the policy's weights and tokenizer. For the built-in model: the shipped one when
+    the package has this config's model, else the cached one, made by `build(tmp_dir)` when missing (the
+    warm-up of grpo.train.warmup; without `build` a missing model is a ConfigError)."""
     name = cfg.model.name
     if name == "builtin:tiny":
-        from grpo.models.builtin import cached_model_dir
+        from grpo.models.builtin import cached_model_dir, shipped_model_dir
 
-        def build(path: Path) -> None:
-            from grpo.train.warmup import build_warm_model
+        spec = builtin_spec(cfg)
+        shipped = shipped_model_dir(spec)
+        if shipped is not None:
+            return shipped
 
-            if console is not None:
-                console.print(f"[grpo] building the built-in model (supervised warm-up, {cfg.warmup.steps} steps) ...")
-            warm_task = task
-            if not getattr(task, "has_demonstrations", True):  # a data set file: warm up on the built-in task
-                from grpo.data import get_task
+        def missing(path: Path) -> None:
+            from grpo.errors import ConfigError
 
-                warm_task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
-            build_warm_model(cfg, warm_task, path, report=console.print if console is not None else None)
+            raise ConfigError("the built-in model of these warmup.* / data.* settings is not built yet: "
+                              "`grpo train` or `grpo warmup` builds it")
 
-        return cached_model_dir(builtin_spec(cfg), build)
+        return cached_model_dir(spec, build or missing)
     if name.startswith("builtin:"):
         raise ModelDirError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
     from grpo.models.checks import check_model_dir
@@ -76,11 +82,11 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def load_policy(cfg, task=None, console=None):
-    """(model, tokenizer) ready to train on the configured device and dtype."""
+def load_policy(cfg, path: Path):
+    """(model, tokenizer) from the model directory `path` (see model_directory), on the configured device and
+    dtype, with LoRA adapters when model.lora_rank > 0."""
     from transformers import AutoModelForCausalLM
 
-    path = model_directory(cfg, task, console)
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
     tokenizer = load_tokenizer(path)

@@ -31,10 +31,10 @@ class RunConsole:
         if not self.interactive:
             return
         self._progress = Progress(
-            TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
+            TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=False,
         )
-        self._task = self._progress.add_task("train", total=self.total, completed=first_step, stats="")
+        self._task = self._progress.add_task("step", total=self.total, completed=first_step, stats="")
         self._progress.start()
 
     def update(self, step: int, metrics: dict, accuracy: float | None) -> None:
@@ -46,6 +46,14 @@ class RunConsole:
         elif self.enabled and (time.time() - self._last_plain > 5 or step == self.total or "eval/accuracy" in metrics):
             self._last_plain = time.time()
             print(f"[grpo] step {step}/{self.total}  {stats}", file=sys.stdout, flush=True)
+
+    def phase(self, name: str, total: int | None = None, unit: str = ""):
+        """A long phase's progress (grpo.tracking.progress.Phase): a row of the live step bar when it runs, else
+        a bar of its own in a terminal, or a line every few seconds in a log."""
+        from grpo.tracking.progress import Phase
+
+        return Phase(name, total, unit, console=self.console, live=self._progress, enabled=self.enabled,
+                     fields={"stats": unit})
 
     def stop(self) -> None:
         if self._progress is not None:
@@ -69,7 +77,11 @@ class RunConsole:
         if before is not None and after is not None:
             table.add_row("held-out accuracy", f"{before:.3f} -> {after:.3f}  ({after - before:+.3f})")
         table.add_row("steps", str(summary.get("steps")))
-        table.add_row("wall time", f"{summary.get('wall_s', 0):.0f} s")
+        from grpo.tracking.clock import breakdown
+        from grpo.tracking.progress import format_duration
+
+        parts = breakdown(summary)
+        table.add_row("wall time", format_duration(summary.get("wall_s", 0)) + (f" ({parts})" if parts else ""))
         table.add_row("run directory", str(run_dir))
         if plot_path:
             table.add_row("plot", str(plot_path))

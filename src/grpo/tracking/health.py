@@ -9,8 +9,8 @@ CHECKS = {
     "zero_std": (
         lambda m: m.get("adv/zero_std_frac", 0.0) >= 0.8,
         "{frac:.0%} of groups have the same reward for every completion, so their advantage is 0 and they give "
-        "no gradient (the loss stays near 0 by design). The task is too easy or too hard for the model: raise "
-        "rollout.group_size, change data.difficulty, or use the dapo preset (drops such groups).",
+        "no gradient (the loss stays near 0 by design). {cause}: raise rollout.group_size, {fix}, or use the dapo "
+        "preset (drops such groups).",
     ),
     "truncated": (
         lambda m: m.get("rollout/truncated_frac", 0.0) >= 0.5,
@@ -31,8 +31,19 @@ CHECKS = {
 }
 
 
+# The zero-spread warning's cause and fix, by where the prompts come from (a built-in task has difficulty levels;
+# a data set file has rows and reward functions).
+ZERO_STD_ADVICE = {
+    False: ("The task is too easy or too hard for the model", "change data.difficulty"),
+    True: ("The prompts are too easy or too hard for the model, or the reward functions give every completion the "
+           "same value (check the reward/<name> metrics and the answers)",
+           "filter the data file to rows the model solves some of the time"),
+}
+
+
 @dataclass
 class HealthMonitor:
+    data_file: bool = False  # the prompts come from data.path (the advice differs)
     patience: int = 3
     flat_window: int = 20
     _streak: dict[str, int] = field(default_factory=dict)
@@ -42,7 +53,8 @@ class HealthMonitor:
     def observe(self, metrics: dict[str, float]) -> list[str]:
         """Feed one step's metrics; returns the warnings that fire now (each at most once per run)."""
         out = []
-        values = dict(frac=metrics.get("adv/zero_std_frac", 0.0), trunc=metrics.get("rollout/truncated_frac", 0.0),
+        cause, fix = ZERO_STD_ADVICE[self.data_file]
+        values = dict(cause=cause, fix=fix, frac=metrics.get("adv/zero_std_frac", 0.0), trunc=metrics.get("rollout/truncated_frac", 0.0),
                       kl=metrics.get("policy/kl", 0.0), logp_diff=metrics.get("rollout/logp_diff", 0.0))
         for name, (cond, text) in CHECKS.items():
             self._streak[name] = self._streak.get(name, 0) + 1 if cond(metrics) else 0

@@ -32,6 +32,7 @@ import yaml
 from grpo.config import ConfigError, build_config
 from grpo.errors import HealthGuardError, Preempted
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
+from grpo.tracking.clock import RunClock
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
@@ -140,12 +141,12 @@ def _resume(trainer, out) -> dict:
     return state
 
 
-def _evaluate(trainer) -> float:
+def _evaluate(trainer, progress=None) -> float:
     """Held-out accuracy, without touching the training RNG streams: whether and how often the run evaluates never
     changes what it trains on (and a resume that skips an evaluation stays exact)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        return trainer.evaluate()["accuracy"]
+        return trainer.evaluate(progress=progress)["accuracy"]
 
 
 def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | None) -> None:
@@ -172,12 +173,15 @@ class _Run:
     def __init__(self, trainer, con: RunConsole, guard: PreemptionGuard, state: dict):
         self.trainer, self.cfg, self.run_dir, self.con, self.out, self.guard = (
             trainer, trainer.cfg, trainer.run_dir, con, con.print, guard)
-        self.start_step, self.t_start = trainer.step_count, time.time()
+        self.start_step = trainer.step_count
+        self.t_start = time.time() - getattr(trainer, "setup_s", 0.0)  # the wall time includes the model load
+        self.clock = RunClock(state.get("times"))  # summary.json's time/* parts
+        self.clock.add("model", getattr(trainer, "model_s", 0.0))
         self.wall_before = state.get("wall_s", 0.0)
         self.acc_before, self.accuracy = state.get("accuracy_before"), state.get("accuracy")
         self.skipped_total, self.nan_streak = state.get("skipped_steps", 0), state.get("nan_streak", 0)
         self.last_saved = trainer.step_count if state else None  # resumed: that step's checkpoint exists
-        self.health = HealthMonitor()
+        self.health = HealthMonitor(data_file=self.cfg.data.path is not None)
         h = state.get("health", {})
         self.health._fired, self.health._streak = set(h.get("fired", [])), dict(h.get("streak", {}))
         self.health._rewards = list(h.get("rewards", []))
@@ -191,12 +195,22 @@ class _Run:
         h = self.health
         return {"accuracy_before": self.acc_before, "accuracy": self.accuracy, "skipped_steps": self.skipped_total,
                 "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
+                "times": self.clock.state(),
                 "config": self.cfg.to_dict(), "best": self.best,
                 "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]},
                 "reward_guard": self.reward_guard.state_dict()}
 
+    def evaluate(self) -> float:
+        """Held-out accuracy, timed (time/eval_s) and with progress."""
+        with self.clock.time("eval"), self.con.phase("evaluating", len(self.trainer.eval_prompts), "problems") as ph:
+            return _evaluate(self.trainer, ph.update)
+
     # ------------------------------------------------------------------ checkpoints
     def save(self, why: str) -> Path | None:
+        with self.clock.time("save"):
+            return self._save(why)
+
+    def _save(self, why: str) -> Path | None:
         """Save a committed checkpoint of the current step (once). why: periodic | final | preempted."""
         trainer = self.trainer
         if self.last_saved == trainer.step_count:
@@ -246,7 +260,8 @@ class _Run:
 
     def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb=None) -> None:
         trainer, cfg = self.trainer, self.cfg
-        metrics = trainer.step()
+        with self.clock.time("rl_steps"):
+            metrics = trainer.step()
         step = trainer.step_count
         uids = [p.uid for p in trainer.last_rollouts.prompts]
         if metrics["train/skipped_updates"] > 0:
@@ -259,7 +274,7 @@ class _Run:
         metrics["train/skipped_steps"] = float(self.skipped_total)
         evaluate = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.steps
         if evaluate and not self.guard.requested:  # a stop request skips the evaluation, saving time
-            self.accuracy = metrics["eval/accuracy"] = _evaluate(trainer)
+            self.accuracy = metrics["eval/accuracy"] = self.evaluate()
             self.note_accuracy(step, self.accuracy)
         metrics_file.write({"step": step, **metrics})
         self.trackers.log({"step": step, **metrics})
@@ -327,7 +342,7 @@ def run_training(trainer, resume: bool = False) -> dict:
         try:
             if run.acc_before is None:
                 _preflight(trainer, out)  # train.preflight: a cheap check that the run can learn (RNG untouched)
-                run.acc_before = _evaluate(trainer)
+                run.acc_before = run.evaluate()
                 out(f"[grpo] held-out accuracy before training: {run.acc_before:.3f} on "
                     f"{len(trainer.eval_prompts)} problems")
                 metrics_file.write({"step": 0, "eval/accuracy": run.acc_before})  # the curves start here
@@ -355,19 +370,21 @@ def _finish(run: _Run) -> dict:
     final = run_dir / "final"
     from grpo.models.lora import save_final
 
-    gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
-    if is_main():
-        final.mkdir(exist_ok=True)
-        save_final(trainer.policy, final, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter/merged
-        trainer.tokenizer.save_pretrained(final)
+    with run.clock.time("save"):
+        gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
+        if is_main():
+            final.mkdir(exist_ok=True)
+            save_final(trainer.policy, final, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter
+            trainer.tokenizer.save_pretrained(final)
     if run.accuracy is None:
-        run.accuracy = _evaluate(trainer)
+        run.accuracy = run.evaluate()
         run.note_accuracy(trainer.step_count, run.accuracy)
     state = run.state()
     summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.accuracy,
                "eval/n": len(trainer.eval_prompts), "steps": trainer.step_count, "wall_s": state["wall_s"],
                "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
-               "task": cfg.data.task if cfg.data.path is None else cfg.data.path}
+               "task": cfg.data.task if cfg.data.path is None else cfg.data.path,
+               "model_source": getattr(trainer, "model_source", None), **run.clock.summary(state["wall_s"])}
     if run.best is not None:  # the best evaluation (checkpoints/best/ unless it is step 0, the starting model)
         summary |= {"eval/best_step": run.best["step"], "eval/accuracy_best": run.best["accuracy"]}
     if not is_main():

@@ -29,6 +29,7 @@ from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
+from grpo.train.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
 
@@ -48,6 +49,7 @@ class Trainer:
                  console=None):
         from grpo.rewards import RewardRunner
 
+        t_setup = time.perf_counter()
         self.cfg = cfg
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
@@ -63,7 +65,13 @@ class Trainer:
         from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
 
         prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
-        self.policy, self.tokenizer = load_policy(cfg, self.task, console)
+        t_model = time.perf_counter()
+        path, self.model_source = policy_directory(cfg, self.task, console)  # the built-in model: shipped or warm-up
+        self.policy, self.tokenizer = load_policy(cfg, path)
+        self.model_s = time.perf_counter() - t_model  # summary.json: time/model_s
+        if console is not None and self.dist.rank == 0:
+            console.print(f"[grpo] model {cfg.model.name} ({self.model_source}: {path}) loaded in {self.model_s:.1f} s",
+                          soft_wrap=True, markup=False, highlight=False)
         self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
                                                               self.tokenizer, cfg)
         self.device = next(self.policy.parameters()).device
@@ -83,6 +91,7 @@ class Trainer:
             self.critic = Critic(self.policy, cfg, total_updates, self.dist)
         self.stream = PromptStream(self.train_prompts, cfg.train.seed)
         self.step_count = 0
+        self.setup_s = time.perf_counter() - t_setup  # counted in the run's wall time (train/loop.py)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> dict[str, float]:
@@ -223,7 +232,8 @@ class Trainer:
         return specs
 
     # ------------------------------------------------------------------ evaluation and the whole run
-    def evaluate(self) -> dict:
+    def evaluate(self, progress=None) -> dict:
+        """Held-out greedy pass@1; `progress(done, total)` after each batch of this process's share."""
         from grpo.train.evaluate import evaluate_model
 
         d = self.dist  # several processes: each evaluates every world_size-th problem; the results are joined
@@ -231,7 +241,7 @@ class Trainer:
             res = evaluate_model(self.policy, self.tokenizer, self.task, d.shard_strided(self.eval_prompts),
                                  batch_size=self.cfg.eval.batch_size,
                                  max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                                 max_prompt_tokens=self.cfg.data.max_prompt_tokens)
+                                 max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress)
         if d.enabled:
             parts = d.gather((res["correct"], res["completions"]))
             correct, completions = d.unstride([c for c, _ in parts]), d.unstride([x for _, x in parts])

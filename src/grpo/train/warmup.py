@@ -1,6 +1,11 @@
 """Supervised warm-up that creates the built-in model: next-token loss on the completion tokens of the
-task's demonstrations, training split only. It runs once, before any RL, and its result is cached; no
-supervised loss ever runs during the RL phase."""
+task's demonstrations, training split only. No supervised loss ever runs during the RL phase.
+
+The warm models of the default settings ship with the package (grpo/models/weights/<task>/, made by this code
+with warmup.seed=0: `grpo warmup --task arithmetic --output src/grpo/models/weights/arithmetic`), so `grpo train`
+starts RL from the same weights on every machine. Any other warmup.* / data.* setting runs the warm-up once and
+caches the result (grpo.models.builtin). This module owns the optimizer; grpo.models only loads directories.
+"""
 
 from __future__ import annotations
 
@@ -35,8 +40,9 @@ def demonstration_batch(tokenizer, task, prompts, rng=None):
 
 
 def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int, train_size: int,
-            report=None) -> list[float]:
-    """Train `model` in place for `steps` AdamW steps (cosine LR); returns the loss curve."""
+            on_step=None) -> list[float]:
+    """Train `model` in place for `steps` AdamW steps (cosine LR); returns the loss curve.
+    `on_step(step, loss)` is called after every step (progress)."""
     prompts = task.split("train", train_size)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -55,25 +61,63 @@ def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, s
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
-        if report is not None and (len(losses) % 100 == 0 or len(losses) == steps):
-            report(f"[grpo] warm-up step {len(losses)}/{steps}: loss {losses[-1]:.3f}")
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     return losses
 
 
-def build_warm_model(cfg, task, out_dir: Path, report=None) -> None:
-    """Create, warm up and save the built-in model into `out_dir` (save_pretrained format)."""
+def build_warm_model(cfg, task, out_dir: Path, console=None) -> None:
+    """Create, warm up and save the built-in model into `out_dir` (save_pretrained format); progress with an ETA
+    on `console` (a rich Console; None: silent)."""
     from grpo.data import get_task
     from grpo.models.builtin import build_model, build_tokenizer
+    from grpo.tracking.progress import Phase
 
     task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=cfg.warmup.seed)
-    with torch.random.fork_rng():
-        torch.manual_seed(cfg.warmup.seed)
-        losses = warm_up(model, tokenizer, task, steps=cfg.warmup.steps, batch_size=cfg.warmup.batch_size,
-                         lr=cfg.warmup.lr, seed=cfg.warmup.seed, train_size=cfg.data.train_size, report=report)
+    w = cfg.warmup
+    with Phase(f"warm-up of the built-in model ({task.name})", w.steps, "steps", console=console) as ph, \
+            torch.random.fork_rng():
+        torch.manual_seed(w.seed)
+        losses = warm_up(model, tokenizer, task, steps=w.steps, batch_size=w.batch_size, lr=w.lr, seed=w.seed,
+                         train_size=cfg.data.train_size, on_step=lambda i, loss: ph.update(i, info=f"loss {loss:.3f}"))
     if losses:
         log.info("warm-up: loss %.3f -> %.3f over %d steps", losses[0], losses[-1], len(losses))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+
+
+def warm_task(cfg, task=None):
+    """The task the built-in model is warmed up on: `task` when it has demonstrations, else (a data set file)
+    the built-in data.task."""
+    from grpo.data import get_task
+
+    if task is not None and getattr(task, "has_demonstrations", True):
+        return task
+    return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+
+
+def policy_directory(cfg, task=None, console=None) -> tuple[Path, str]:
+    """(model directory, where it came from) for model.name: for the built-in model 'shipped' (the package's
+    weights), 'cache' or 'warm-up' (built now); for a user's model 'directory'."""
+    from grpo.models.loading import model_directory
+
+    if cfg.model.name != "builtin:tiny":
+        return model_directory(cfg), "directory"
+    built = []
+
+    def build(path: Path) -> None:
+        if console is not None:
+            console.print(f"[grpo] building the built-in model: supervised warm-up, {cfg.warmup.steps} steps (once; "
+                          "then cached). The default settings need none: their warm model ships with grpo",
+                          soft_wrap=True, markup=False, highlight=False)
+        build_warm_model(cfg, warm_task(cfg, task), path, console=console)
+        built.append(path)
+
+    path = model_directory(cfg, build=build)
+    from grpo.models.builtin import SHIPPED_DIR
+
+    source = "warm-up" if built else "shipped" if SHIPPED_DIR in path.parents else "cache"
+    return path, source

@@ -1,0 +1,139 @@
+"""Plain data set files read with the standard library, so they work after the core install (no `datasets`):
+
+    .jsonl            one JSON object per line (blank lines skipped)
+    .json             a JSON array of objects, or JSON lines
+    .csv / .tsv       a header row, then one row per line; a column whose every value is an integer (or a number)
+                      becomes int (or float), as `datasets`/pandas infer it; an empty cell is None
+
+A row missing a column gets None there, as `datasets` fills it. Errors name the file and the 1-based line:
+bytes that are not UTF-8, a line that is not JSON (cut off), a row that is not an object.
+Parquet, `save_to_disk` directories and Hub names still go through `datasets` (grpo.data.files).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from grpo.errors import DataFileError
+
+PLAIN_SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
+
+
+class TableError(DataFileError):
+    """A plain data file that cannot be read; the message names the file and the line."""
+
+
+class Table:
+    """Rows (dicts) and the union of their columns in first-seen order: the part of `datasets.Dataset` that
+    grpo.data.files reads (`column_names`, iteration, len)."""
+
+    def __init__(self, rows: list[dict]):
+        names: dict[str, None] = {}
+        for row in rows:
+            names.update(dict.fromkeys(row))
+        self.column_names = list(names)
+        self.rows = [{c: row.get(c) for c in self.column_names} for row in rows]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def read_plain(path: Path, shown: str | None = None) -> Table:
+    """The Table of a .jsonl, .json, .csv or .tsv file (see the module docstring); errors name the file as `shown`
+    (default: the path)."""
+    kind = PLAIN_SUFFIXES[path.suffix.lower()]
+    shown = shown or str(path)
+    text = _text(path, shown)
+    if kind == "jsonl":
+        return Table(_json_lines(text, shown))
+    if kind == "json":
+        return Table(_json_document(text, shown))
+    return Table(_csv_rows(text, shown, "\t" if kind == "tsv" else ","))
+
+
+def _text(path: Path, shown: str) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TableError(f"{shown} line {line}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); "
+                         "save the file as UTF-8") from None
+
+
+def _json_lines(text: str, shown: str) -> list[dict]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise TableError(f"{shown} line {number}: not valid JSON ({e}): {line[:80]!r}") from None
+        if not isinstance(row, dict):
+            raise TableError(f"{shown} line {number}: a JSON {type(row).__name__}, expected an object "
+                             '({"prompt": ..., "answer": ...})')
+        rows.append(row)
+    if not rows:
+        raise TableError(f"{shown}: the file has no rows")
+    return rows
+
+
+def _json_document(text: str, shown: str) -> list[dict]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return _json_lines(text, shown)  # JSON lines under a .json name
+    if isinstance(value, dict):
+        return _json_lines(text, shown)  # one object: a one-line JSONL file
+    if not isinstance(value, list) or not value:
+        raise TableError(f"{shown}: expected a JSON array of row objects (or JSON lines), got "
+                         f"{'an empty array' if value == [] else type(value).__name__}")
+    for i, row in enumerate(value):
+        if not isinstance(row, dict):
+            raise TableError(f"{shown}: element {i} of the array is a JSON {type(row).__name__}, not an object")
+    return value
+
+
+def _csv_rows(text: str, shown: str, delimiter: str) -> list[dict]:
+    lines = text.splitlines(keepends=True)
+    reader = csv.reader(lines, delimiter=delimiter)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise TableError(f"{shown}: the file is empty (no header row)") from None
+    if len(set(header)) != len(header) or not all(h.strip() for h in header):
+        raise TableError(f"{shown} line 1 (the header): needs distinct, non-empty column names, got {header}")
+    rows = []
+    for values in reader:
+        if not any(v.strip() for v in values):
+            continue
+        if len(values) != len(header):
+            raise TableError(f"{shown} line {reader.line_num}: {len(values)} fields, the header has "
+                             f"{len(header)} ({header})")
+        rows.append({h: (v if v != "" else None) for h, v in zip(header, values)})
+    if not rows:
+        raise TableError(f"{shown}: the file has a header but no rows")
+    for column in header:
+        _infer_numbers(rows, column)
+    return rows
+
+
+def _infer_numbers(rows: list[dict], column: str) -> None:
+    """Make `column` int (or float) in every row when all its non-empty cells parse as one."""
+    cells = [r[column] for r in rows if r[column] is not None]
+    for kind in (int, float):
+        try:
+            parsed = [kind(c) for c in cells]
+        except ValueError:
+            continue
+        it = iter(parsed)
+        for r in rows:
+            if r[column] is not None:
+                r[column] = next(it)
+        return

@@ -1,0 +1,76 @@
+"""A plain question from a data file reaches the built-in model in the format it was warmed up on: its tokenizer
+carries a chat template (one newline after a user message), and data.plain_prompts=auto uses it for the built-in
+model's tokenizer only; a user's model keeps TRL's convention (plain text as is) unless asked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_hf import chat_tokenizer  # noqa: E402
+
+from grpo.config import load_config
+from grpo.data import get_task
+from grpo.data.base import task_from_config
+from grpo.data.files import PLAIN_PROMPTS_KEY, DataFileError, FileTask, plain_prompts_use_template
+from grpo.models import builtin
+
+
+def write(path: Path, questions: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": q, "answer": a}) + "\n" for q, a in questions))
+    return path
+
+
+def test_the_built_in_template_writes_a_user_message_as_the_warm_up_prompts():
+    tok = builtin.build_tokenizer()
+    arithmetic = get_task("arithmetic").split("train", 3)  # the prompts the model was warmed up on
+    for p in arithmetic:
+        question = p.text.rstrip("\n")  # "What is 47 + 38?" as a user would type it
+        for typed in (question, question + "\n", f"  {question}  "):
+            rendered = tok.apply_chat_template([{"role": "user", "content": typed}], tokenize=False,
+                                               add_generation_prompt=True)
+            assert rendered == p.text
+    two = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 1 + 1?"}]
+    assert tok.apply_chat_template(two, tokenize=False, add_generation_prompt=True) == "Be brief.\nWhat is 1 + 1?\n"
+    assert PLAIN_PROMPTS_KEY == builtin.PLAIN_PROMPTS_KEY and plain_prompts_use_template(tok)
+
+
+def test_the_flag_survives_save_and_load(tmp_path):
+    from transformers import AutoTokenizer
+
+    builtin.build_tokenizer().save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert plain_prompts_use_template(loaded) and loaded.chat_template == builtin.CHAT_TEMPLATE
+    loaded.save_pretrained(tmp_path / "again")  # a run's final/ directory: saved from the loaded tokenizer
+    assert plain_prompts_use_template(AutoTokenizer.from_pretrained(tmp_path / "again"))
+
+
+def test_a_data_file_of_plain_questions_reads_as_written_with_the_built_in_model(tmp_path):
+    rows = [(f"What is {a} + {b}?", str(a + b)) for a in range(10, 20) for b in range(3)]
+    path = write(tmp_path / "qa.jsonl", rows)
+    cfg = load_config(None, [f"data.path={path}", "reward.functions=[exact_answer]", "data.test_fraction=0.2"])
+    task = task_from_config(cfg)  # the built-in model's tokenizer, auto
+    prompts = task.split("train", 100) + task.split("test", 100)
+    assert len(prompts) == len(rows)
+    assert all(p.text.endswith("?\n") and p.text.count("\n") == 1 for p in prompts)
+    raw = task_from_config(load_config(None, [f"data.path={path}", "reward.functions=[exact_answer]",
+                                              "data.test_fraction=0.2", "data.plain_prompts=raw"]))
+    assert {p.text for p in raw.split("train", 100)} == {p.text.rstrip("\n") for p in task.split("train", 100)}
+
+
+def test_a_user_model_keeps_plain_text_unless_asked(tmp_path):
+    path = write(tmp_path / "qa.jsonl", [(f"What is {a} + 1?", str(a + 1)) for a in range(20)])
+    kw = dict(reward_functions=["exact_answer"], tokenizer=chat_tokenizer(), test_fraction=0.2)
+    auto = FileTask(str(path), **kw).split("train", 1)[0]
+    assert auto.text.startswith("What is ") and "<|im_start|>" not in auto.text  # TRL's convention
+    forced = FileTask(str(path), plain_prompts="template", **kw).split("train", 1)[0]
+    assert forced.text == f"<|im_start|>user\n{auto.text}<|im_end|>\n<|im_start|>assistant\n"
+    plain_tok = chat_tokenizer()
+    plain_tok.chat_template = None
+    with pytest.raises(DataFileError, match="data.plain_prompts=template but the tokenizer of model.name has no "
+                                            "chat_template"):
+        FileTask(str(path), plain_prompts="template", **(kw | {"tokenizer": plain_tok})).split("train", 1)

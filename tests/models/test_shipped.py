@@ -1,0 +1,66 @@
+"""The warm models that ship with grpo: the default `grpo train` loads its model with no warm-up; the weights
+match the recorded sha256; and they score the recorded held-out accuracy (greedy, eval.n problems) within 0.01 on
+this machine, whatever its CPU (float kernels may flip a few greedy answers). The code task's model is checked the
+same way once it ships (`grpo warmup --task code --output src/grpo/models/weights/code`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+
+import pytest
+
+from grpo.config import load_config
+from grpo.models import builtin
+from grpo.models.loading import builtin_spec, model_directory
+from grpo.train.warmup import policy_directory
+
+PRESETS = {"arithmetic": "grpo", "code": "code"}
+SHIPPED = ["arithmetic"] + [t for t in ("code",) if (builtin.SHIPPED_DIR / t / "recipe.json").exists()]
+
+
+def recipe(task: str) -> dict:
+    return json.loads((builtin.SHIPPED_DIR / task / "recipe.json").read_text())
+
+
+@pytest.mark.parametrize("task", SHIPPED)
+def test_the_default_run_loads_the_shipped_model(task, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    cfg = load_config(PRESETS[task])
+    path, source = policy_directory(cfg)
+    assert (path, source) == (builtin.SHIPPED_DIR / task, "shipped")
+    assert recipe(task)["spec"] == builtin_spec(cfg)
+    assert recipe(task)["sha256"] == hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    assert not any(tmp_path.iterdir())  # nothing built, nothing cached
+    other = load_config(PRESETS[task], ["warmup.seed=1"])
+    with pytest.raises(ValueError, match="not built yet"):  # any other recipe is not shipped
+        model_directory(other)
+
+
+def test_damaged_shipped_weights_are_not_used(tmp_path, monkeypatch, caplog):
+    copy = tmp_path / "weights"
+    shutil.copytree(builtin.SHIPPED_DIR, copy)
+    monkeypatch.setattr(builtin, "SHIPPED_DIR", copy)
+    spec = builtin_spec(load_config())
+    assert builtin.shipped_model_dir(spec) == copy / "arithmetic"
+    data = bytearray((copy / "arithmetic" / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    (copy / "arithmetic" / "model.safetensors").write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="grpo.models"):
+        assert builtin.shipped_model_dir(spec) is None
+    assert "does not match its recorded sha256" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", SHIPPED)
+def test_the_shipped_model_scores_its_recorded_accuracy(task):
+    from grpo.train.warm_recipe import heldout_accuracy
+
+    held = recipe(task)["heldout"]
+    cfg = load_config(PRESETS[task])
+    assert held["n"] == cfg.eval.n == 500  # what the default run evaluates
+    measured = heldout_accuracy(cfg, builtin.SHIPPED_DIR / task)
+    assert measured["n"] == held["n"] and measured["max_new_tokens"] == held["max_new_tokens"]
+    assert abs(measured["accuracy"] - held["accuracy"]) <= 0.01, (measured["accuracy"], held["accuracy"])

@@ -1,0 +1,112 @@
+"""The README as a tested contract: its quick-start and own-data commands, parsed from README.md, run as a new
+user would run them (a fresh process, an empty model cache, from the repository root) with the step override
+the README marks for long commands, exit 0, start from the shipped model, and print the fields the README shows;
+its figures are those of bench/readme_figures.py's results and of the shipped model's recipe.
+
+A command block is marked `<!-- readme-test: NAME; fast: KEY=V ... -->` (the override the test appends), its
+printed output `<!-- readme-output: NAME -->`; the figures table follows `<!-- readme-figures -->`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+MARK = re.compile(r"<!-- readme-(test|output): ([\w-]+)(?:; fast: ([^>]*?))? -->\n```\w*\n(.*?)```", re.DOTALL)
+
+
+def blocks(kind: str) -> dict[str, tuple[str, list[str]]]:
+    """{name: (block text, fast overrides)} of the README's marked blocks of one kind."""
+    return {m[2]: (m[4], shlex.split(m[3] or "")) for m in MARK.finditer(README) if m[1] == kind}
+
+
+def commands(name: str) -> tuple[list[list[str]], list[str]]:
+    text, fast = blocks("test")[name]
+    return [shlex.split(line) for line in text.splitlines() if line.startswith("grpo ")], fast
+
+
+def table_fields(output: str) -> list[str]:
+    """The first column of a printed rich table ('│ held-out accuracy │ ... │' -> 'held-out accuracy'; rich draws
+    '|' instead of '│' where the terminal's encoding has no box characters)."""
+    cells = [re.split(r"[│|]", row) for row in output.splitlines() if len(re.findall(r"[│|]", row)) >= 3]
+    return [c[1].strip() for c in cells if c[1].strip()]
+
+
+def run_readme_command(argv: list[str], fast: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    assert argv[0] == "grpo"
+    out_dir = tmp_path / "run"
+    env = dict(os.environ, GRPO_CACHE=str(tmp_path / "empty-cache"), COLUMNS="200",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "grpo.cli", *argv[1:], *fast, "--output-dir", str(out_dir)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out_dir / "summary.json").read_text())
+
+
+def test_the_readme_marks_its_commands_and_outputs():
+    assert set(blocks("test")) == {"quick-start", "own-data"}
+    assert {"quick-start", "own-data-head"} <= set(blocks("output"))
+    assert commands("quick-start")[0] == [["grpo", "train"]]
+    assert table_fields(blocks("output")["quick-start"][0]) == ["held-out accuracy", "steps", "wall time",
+                                                                "run directory", "plot"]
+
+
+@pytest.mark.slow
+def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tmp_path):
+    (argv,), fast = commands("quick-start")
+    assert fast == ["train.steps=2", "eval.n=20"]
+    proc, summary = run_readme_command(argv, fast, tmp_path)
+    assert summary["model_source"] == "shipped" and summary["steps"] == 2
+    assert "warm-up" not in proc.stdout  # nothing is built on a first launch
+    printed = table_fields(proc.stdout)
+    for field in table_fields(blocks("output")["quick-start"][0]):
+        assert field in printed, (field, proc.stdout[-2000:])
+    assert re.search(r"held-out accuracy before training: \d\.\d{3} on 20 problems", proc.stdout)
+
+
+@pytest.mark.slow
+def test_own_data_command_trains_the_built_in_model_on_the_example_file(tmp_path):
+    argvs, fast = commands("own-data")
+    head = blocks("test")["own-data"][0].splitlines()[0]
+    assert head == "head -2 examples/arithmetic_qa.jsonl"
+    shown = blocks("output")["own-data-head"][0].splitlines()
+    assert shown == (ROOT / "examples" / "arithmetic_qa.jsonl").read_text().splitlines()[:2]
+    assert all(not json.loads(row)["prompt"].endswith("\n") for row in shown)  # as a user writes a question
+    (argv,) = argvs
+    proc, summary = run_readme_command(argv, fast, tmp_path)
+    assert summary["model_source"] == "shipped" and summary["task"] == "examples/arithmetic_qa.jsonl"
+    assert table_fields(proc.stdout)[:1] == ["held-out accuracy"]
+
+
+def figures() -> list[list[str]]:
+    table = README.split("<!-- readme-figures -->", 1)[1].strip().split("\n\n", 1)[0]
+    assert table.startswith("| run | accuracy before | after | gain |")
+    return [[c.strip() for c in row.strip("|").split("|")] for row in table.splitlines()[2:]]
+
+
+def test_the_readme_figures_are_the_benchmark_script_results_and_the_shipped_model():
+    path = ROOT / "bench" / "results" / "readme_figures.json"
+    rows = figures()
+    if not path.exists():  # not measured yet: then the README's table must be empty, not hand-written
+        assert rows == []
+        pytest.skip("bench/results/readme_figures.json not generated yet: python bench/readme_figures.py")
+    result = json.loads(path.read_text())
+    assert [r[0] for r in rows] == [r["name"] for r in result["runs"]]
+    for row, run in zip(rows, result["runs"]):
+        before, after = run["eval/accuracy_before"], run["eval/accuracy_after"]
+        assert row[1:4] == [f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}"]
+        assert run["model_source"] == "shipped" and run["steps"] == 150
+    assert result["machine"]["cpu"] in README  # the table names the CPU it was measured on
+    recipe = json.loads((ROOT / "src" / "grpo" / "models" / "weights" / "arithmetic" / "recipe.json").read_text())
+    for row, run in zip(rows, result["runs"]):
+        if run["name"].startswith("train.seed="):  # the built-in task: the shipped model's recorded accuracy
+            assert row[1] == f"{recipe['heldout']['accuracy']:.3f}"
