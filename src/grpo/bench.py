@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.tracking.clock import Clock
 from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (bench's figures use them)
 
 DEFAULT_OUTPUT = Path("bench/results/latest.json")
@@ -98,23 +99,6 @@ def quick_plan() -> Plan:
 
 
 # ---------------------------------------------------------------------------------------------- measuring
-class Clock:
-    """Seconds of work. `cpu`: this process's CPU time (all its threads), the default on CPU, where torch runs
-    one thread: other tenants' load time-slices the wall clock but not the work. `wall`: wall-clock time, the
-    default on CUDA, after waiting for the queued kernels."""
-
-    def __init__(self, device: torch.device, kind: str | None = None):
-        self.cuda = device.type == "cuda"
-        self.kind = kind or os.environ.get("GRPO_BENCH_CLOCK") or ("wall" if self.cuda else "cpu")
-        if self.kind not in ("cpu", "wall"):
-            raise ValueError(f"GRPO_BENCH_CLOCK must be 'cpu' or 'wall', got {self.kind!r}")
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.process_time() if self.kind == "cpu" else time.perf_counter()
-
-
 @contextmanager
 def timed_forward(clock: Clock, acc: list):
     """Accumulate the seconds spent in `completion_logits` inside policy_update (the log-prob forward)."""

@@ -115,7 +115,7 @@ def _rss_mb() -> float:
 
 def peak_above_resident(fn, clock, device) -> tuple[float, float, float]:
     """(MB of peak memory during fn() above what was resident before it, seconds of fn(), resident MB before)."""
-    from grpo.bench import peak_rss_mb, reset_peak_rss
+    from grpo.tracking.memory import peak_rss_mb, reset_peak_rss
 
     gc.collect()
     if device.type == "cuda":
@@ -258,7 +258,7 @@ def generation_entries(model, tok, task, plan: VocabPlan, clock, device) -> list
 # ---------------------------------------------------------------------------------------------- running
 def run_vocab(plan: VocabPlan, log=print) -> dict:
     """{"models": {name: {...}}, "runs": [...], "chunk_sweep": [...], "generation": [...], "acceptance": [...]}."""
-    from grpo.bench import Clock
+    from grpo.tracking.clock import Clock
     from grpo.config import Config
     from grpo.data.arithmetic import ArithmeticTask
     from grpo.train.optim import build_optimizer

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from tiny_hf import chat_tokenizer, write_chat_jsonl
 
 from grpo.config import load_config
+from grpo.models.builtin import build_tokenizer
 from grpo.data.base import task_from_config
 from grpo.data.files import DataFileError, FileTask, hash_fraction
 
@@ -115,7 +116,8 @@ def test_config_requires_reward_functions_and_a_chat_template_for_conversations(
     with pytest.raises(ValueError, match="no chat_template"):
         t.split("train", 1)
     # The built-in model's character tokenizer has one: a user message ends with the newline it was warmed up on.
-    t = task_from_config(load_config(None, [f"data.path={data}", "reward.functions=[exact_answer]"]))
+    t = task_from_config(load_config(None, [f"data.path={data}", "reward.functions=[exact_answer]"]),
+                         tokenizer_loader=build_tokenizer)
     assert t.split("train", 1)[0].text.startswith("What is ") and t.split("train", 1)[0].text.endswith("?\n")
 
 

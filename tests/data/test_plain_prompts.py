@@ -53,12 +53,13 @@ def test_a_data_file_of_plain_questions_reads_as_written_with_the_built_in_model
     rows = [(f"What is {a} + {b}?", str(a + b)) for a in range(10, 20) for b in range(3)]
     path = write(tmp_path / "qa.jsonl", rows)
     cfg = load_config(None, [f"data.path={path}", "reward.functions=[exact_answer]", "data.test_fraction=0.2"])
-    task = task_from_config(cfg)  # the built-in model's tokenizer, auto
+    task = task_from_config(cfg, tokenizer=builtin.build_tokenizer())  # the built-in model's tokenizer, auto
     prompts = task.split("train", 100) + task.split("test", 100)
     assert len(prompts) == len(rows)
     assert all(p.text.endswith("?\n") and p.text.count("\n") == 1 for p in prompts)
     raw = task_from_config(load_config(None, [f"data.path={path}", "reward.functions=[exact_answer]",
-                                              "data.test_fraction=0.2", "data.plain_prompts=raw"]))
+                                              "data.test_fraction=0.2", "data.plain_prompts=raw"]),
+                           tokenizer=builtin.build_tokenizer())
     assert {p.text for p in raw.split("train", 100)} == {p.text.rstrip("\n") for p in task.split("train", 100)}
 
 

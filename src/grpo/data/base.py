@@ -45,13 +45,15 @@ def register_task(name: str):
     return add
 
 
-def task_from_config(cfg, reward_functions=None, tokenizer=None) -> Task:
+def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loader=None) -> Task:
     """The configured task: the data set at data.path (see grpo.data.files) when set, else the built-in data.task.
-    `tokenizer` renders a data set's conversations (default: the tokenizer of model.name)."""
+    A data set's chat templates are rendered with `tokenizer`, or `tokenizer_loader()` called when first needed
+    (model.name's tokenizer: grpo.models.loading.model_tokenizer; data/ never loads a model itself)."""
     if cfg.data.path is not None:
         from grpo.data.files import FileTask
 
-        return FileTask.from_config(cfg, reward_functions=reward_functions, tokenizer=tokenizer)
+        return FileTask.from_config(cfg, reward_functions=reward_functions, tokenizer=tokenizer,
+                                    tokenizer_loader=tokenizer_loader)
     return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
 
 

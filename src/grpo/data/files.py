@@ -186,9 +186,10 @@ class FileTask:
         self._cache: dict[str, list[Prompt]] = {}
 
     @classmethod
-    def from_config(cls, cfg, reward_functions=None, tokenizer=None) -> FileTask:
-        """The task of `data.path`; the tokenizer (for chat templates) is `tokenizer`, else that of `model.name`,
-        loaded if needed."""
+    def from_config(cls, cfg, reward_functions=None, tokenizer=None, tokenizer_loader=None) -> FileTask:
+        """The task of `data.path`. The tokenizer of model.name renders chat templates: `tokenizer`, or
+        `tokenizer_loader()` called when first needed (data/ never loads a model: the caller knows how; the Trainer
+        passes grpo.models.loading.model_tokenizer)."""
         d = cfg.data
         rewards = reward_functions if reward_functions is not None else cfg.reward.functions
         if not rewards:
@@ -196,7 +197,7 @@ class FileTask:
                              "(e.g. reward.functions=[exact_answer])")
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
-                   test_split=d.test_split, tokenizer_loader=lambda: tokenizer if tokenizer is not None else _model_tokenizer(cfg),
+                   test_split=d.test_split, tokenizer=tokenizer, tokenizer_loader=tokenizer_loader,
                    keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts)
 
     # ------------------------------------------------------------------ reading and validation
@@ -339,12 +340,3 @@ def _reward_specs(reward_functions) -> list[tuple[str, Callable, float]]:
     return specs
 
 
-def _model_tokenizer(cfg):
-    """The tokenizer of model.name, without loading (or, for the built-in model, building) the model."""
-    if cfg.model.name.startswith("builtin:"):
-        from grpo.models.builtin import build_tokenizer
-
-        return build_tokenizer()
-    from grpo.models.loading import load_tokenizer, model_directory
-
-    return load_tokenizer(model_directory(cfg))

@@ -82,6 +82,15 @@ def load_tokenizer(path: Path):
     return tok
 
 
+def model_tokenizer(cfg):
+    """The tokenizer of model.name, without loading (or, for the built-in model, building) the model."""
+    if cfg.model.name.startswith("builtin:"):
+        from grpo.models.builtin import build_tokenizer
+
+        return build_tokenizer()
+    return load_tokenizer(model_directory(cfg))
+
+
 def load_policy(cfg, path: Path):
     """(model, tokenizer) from the model directory `path` (see model_directory), on the configured device and
     dtype, with LoRA adapters when model.lora_rank > 0."""

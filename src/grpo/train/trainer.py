@@ -22,7 +22,7 @@ from grpo.config import Config, ConfigError
 from grpo.data.base import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_rows
-from grpo.models.loading import load_policy
+from grpo.models.loading import load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
@@ -55,7 +55,8 @@ class Trainer:
         check_parallel_config(cfg, self.dist)
         set_seed(cfg.train.seed)
         self.console = console
-        self.task = task or task_from_config(cfg, reward_functions)  # data.path: a data set file (data/files.py)
+        self.task = task or task_from_config(cfg, reward_functions,  # data.path: a data set file (data/files.py)
+                                             tokenizer_loader=lambda: model_tokenizer(cfg))
         self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
