@@ -216,7 +216,8 @@ class FileTask:
             raise DataFileError(f"split must be 'train' or 'test', got {name!r}")
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
-            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta))
+            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
+                               templated=not isinstance(prompt, str)))  # a template wrote its special tokens
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
