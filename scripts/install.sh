@@ -16,9 +16,10 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
 fi
 if [ -n "$extras" ]; then pip_install -e ".[$extras]"; else pip_install -e .; fi
 # The code-reward sandbox (grpo.rewards.sandbox, the `code` preset) isolates programs with Debian's bubblewrap
-# when it is there; install it where we can (root with apt-get). Without it a weaker fallback runs (docs/rewards.md).
+# and refuses without it; install it where we can (root with apt-get). The unsafe fallback runs only when named
+# (reward.sandbox=unsafe_local, docs/rewards.md).
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get install -y -q bubblewrap >/dev/null 2>&1 \
     || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
-    || echo "bubblewrap not installed: the code sandbox uses its unshare/rlimit fallback (docs/rewards.md)"
+    || echo "bubblewrap not installed: code rewards will refuse to run (apt-get install bubblewrap; docs/rewards.md)"
 fi

@@ -70,6 +70,10 @@ class RewardConfig(_Section):
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
     max_missing_steps: int = Field(3, ge=1, description="stop the run (exit 3) when a weighted reward function "
                                    "gives no value for any sample (None, timeout, error) this many steps in a row")
+    sandbox: Literal["auto", "bwrap", "unsafe_local"] = Field(
+        "auto", description="where code rewards run model-written programs: auto/bwrap = bubblewrap only (refuse "
+                            "without it); unsafe_local = also the unshare/rlimit fallbacks, without filesystem "
+                            "isolation (a warning each run; docs/rewards.md)")
 
 
 class AlgoConfig(_Section):

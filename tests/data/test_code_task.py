@@ -36,6 +36,29 @@ def test_prompt_values_and_tests_match_the_hidden_function():
             assert f(int(x)) == int(want)
 
 
+def test_every_test_is_judged_outside_the_sandbox():
+    """The task's assertions parse as call checks: only `f(x)` enters the sandbox, never the expected value."""
+    from grpo.rewards.code_checks import evaluate_check, parse_tests
+
+    for p in get_task("code").split("train", 300) + get_task("code").split("test", 50):
+        plan = parse_tests(p.meta["tests"])
+        assert plan.unverifiable == [] and plan.io == [] and len(plan.calls) == 4
+        for check, test in zip(plan.calls, p.meta["tests"]):
+            x, want = test.removeprefix("assert f(").split(") == ")
+            assert check.holes == (f"f({x})",)  # the whole of what the sandbox sees of this test
+            assert evaluate_check(check, {0: int(want)}) and not evaluate_check(check, {0: int(want) + 1})
+
+
+def test_a_forged_answer_does_not_pass(no_leak):
+    """An object equal to everything, and writing a fake verdict, pass nothing (the issue-12 attacks)."""
+    task = get_task("code")
+    p = task.split("train", 1)[0]
+    cheats = ["```python\nclass A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n```",
+              "```python\nimport os, sys\nos.write(1, (sys.stdin.readline().strip() + ' 4 4\\n').encode())\n"
+              "os._exit(0)\n```"]
+    assert task.is_correct_batch([p] * 3, cheats + [task.demonstration(p)]) == [False, False, True]
+
+
 def test_both_demonstration_styles_pass_in_the_sandbox(no_leak):
     task = get_task("code")
     prompts = task.split("train", 24)

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from grpo.rewards import RewardRunner, code_exec, get_reward_function, sandbox
-from grpo.rewards.code_exec import build_program, code_tests, extract_code, score_result
+from grpo.rewards._harness import read_frame
+from grpo.rewards.code_exec import code_tests, extract_code
 from grpo.rewards.sandbox import SandboxResult
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
@@ -83,13 +84,29 @@ def test_sandbox_error_is_no_signal(monkeypatch):
     assert run([GOOD]) == [None]
 
 
-def test_score_result_requires_the_nonce():
-    ok = SandboxResult("passed", "abc 2 2\n", "", 0.1)
-    assert score_result(ok, "abc", 2) == 1.0
-    assert score_result(ok, "xyz", 2) == 0.0
-    assert score_result(SandboxResult("passed", "", "", 0.1), "abc", 2) == 0.0
-    assert score_result(SandboxResult("timeout", "abc 2 2\n", "", 0.1), "abc", 2) == 0.0
-    assert "NONCE" in build_program("pass", ["assert True"])
+def _frame(key: bytes, body: bytes, state: str = "exit0") -> str:
+    """A frame built by hand, as the harness's parent writes it (reference for read_frame)."""
+    import hashlib
+    import hmac
+
+    rest = f"{state} {len(body)}\n".encode()
+    return (b"GRPO-FRAME " + hmac.new(key, rest + body, hashlib.sha256).hexdigest().encode() + b" " + rest
+            + body).decode()
+
+
+def test_read_frame_accepts_only_an_exact_authenticated_frame():
+    key, body = b"k" * 32, b"0 1 3\n1 0 ZeroDivisionError\nend\n"
+    f = read_frame(_frame(key, body), key, 2)
+    assert f is not None and f.complete and f.state == "exit0"
+    assert f.results == {0: (True, "3"), 1: (False, "ZeroDivisionError")}
+    assert read_frame(_frame(key, body), b"x" * 32, 2) is None  # another key
+    assert read_frame(_frame(b"", body), key, 2) is None  # forged without the key
+    assert read_frame(_frame(key, body) + "0 1 3\n", key, 2) is None  # bytes after the frame
+    assert read_frame("noise\n" + _frame(key, body), key, 2) is None  # bytes before it
+    assert read_frame(_frame(key, body)[:-3], key, 2) is None  # cut off
+    assert read_frame(_frame(key, b"0 1 3\n0 1 3\nend\n"), key, 2) is None  # an index twice
+    assert read_frame(_frame(key, b"5 1 3\nend\n"), key, 2) is None  # an index out of range
+    assert read_frame(_frame(key, b"0 1 3\n"), key, 2).complete is False  # no end marker: values kept
 
 
 def test_programs_run_concurrently(no_leak):
@@ -115,3 +132,13 @@ def test_through_the_runner(backend, monkeypatch, no_leak):
         res = runner(["p"] * 3, [GOOD, WRONG, exits], {"tests": [TESTS] * 3})
     assert res.per_function["code"].tolist() == [1.0, 0.0, 0.0]
     assert not res.missing.any()
+
+
+def test_a_hanging_test_keeps_the_values_before_it(no_leak):
+    """The harness stops waiting at 75 % of the timeout and sends what it has: with partial=True the tests before
+    the hang still count."""
+    tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4", "assert add(5, 5) == 10"]
+    hangs = fenced("def add(a, b):\n    while a == 2:\n        pass\n    return a + b")
+    t0 = time.monotonic()
+    assert list(code_tests(None, [hangs], [tests], timeout=3.0, partial=True)) == [0.5]
+    assert time.monotonic() - t0 < 3.0 + 2.0

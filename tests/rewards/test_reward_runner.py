@@ -254,3 +254,25 @@ def test_fork_failure_is_a_failure_not_a_crash_of_the_runner(runner_factory, mon
     res = runner_factory([("f", reward_len, 1.0)], max_failure_frac=1.0)(PROMPTS, COMPLETIONS, {})
     assert res.missing.all() and res.status["f"] == ["error"] * 6
     assert "fork failed" in res.tracebacks["f"]
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_side_metrics_from_reward_values(runner_factory, in_process):
+    """RewardValues extras become reward/<name>/<key>: the mean over samples that have one, also after retries."""
+    from grpo.rewards import RewardValues
+
+    def fn(prompts, completions, **kw):
+        if len(completions) > 1 and "boom" in completions:
+            raise RuntimeError("retry me one at a time")
+        vals = [float(len(c)) for c in completions]
+        return RewardValues(vals, extras={"share": [None if c == "x" else len(c) / 10 for c in completions]})
+
+    runner = runner_factory([("f", fn, 1.0, {"in_process": in_process})], max_failure_frac=1.0)
+    res = runner(["p"] * 3, ["x", "abcd", "ab"])
+    assert res.per_function["f"].tolist() == [1.0, 4.0, 2.0]
+    assert res.metrics["reward/f/share"] == pytest.approx((0.4 + 0.2) / 2)  # "x" has none
+    res = runner(["p"] * 3, ["abcd", "boom", "ab"])  # the whole call raises: per-sample retries keep the extras
+    assert res.metrics["reward/f/share"] == pytest.approx((0.4 + 0.4 + 0.2) / 3)
+    bad = runner_factory([("g", lambda prompts, completions: RewardValues([1.0], extras={"k": [1, 2]}), 1.0)])
+    with pytest.raises(ValueError, match="extras"):
+        bad(["p"], ["c"])

@@ -17,12 +17,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
+from train_helpers import SMALL
 from wiring_helpers import FixedSampler
 
 from grpo.cli import main
 from grpo.config import load_config
 from grpo.data.base import get_task, task_from_config
-from grpo.models.builtin import build_tokenizer
+from grpo.models.builtin import build_model, build_tokenizer
 from grpo.train.evaluate import evaluate_model
 
 
@@ -161,6 +162,8 @@ def cli_model(tmp_path, monkeypatch):
 
     tok = build_tokenizer()
     model_dir = tmp_path / "run" / "final"
+    # A real (tiny) saved model, so `grpo eval`'s model-directory checks pass; loading it returns the oracle.
+    build_model(tok, size=SMALL).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     holder = {}
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",

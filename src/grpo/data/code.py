@@ -3,13 +3,15 @@
     prompt       "Write f(x) with f(3) = 11 and f(4) = 14.\\n"
     completion   "```python\\ndef f(x):\\n    return (14 - 11) * (x - 3) + 11\\n```"
 
-The hidden function is linear, f(x) = a*x + b. The completion's last ```python block is run by the sandbox
-(grpo.rewards.sandbox, through the `code_tests` reward) against four assertions: the two values in the prompt and
-two the prompt does not show (f(0) and f(9)), so a program that hard-codes the examples fails. Nothing is run
-in the trainer's process: the program is untrusted model output.
+The hidden function is linear, f(x) = a*x + b. The completion's last ```python block is checked by the
+`code_tests` reward against four assertions `assert f(x) == y`: the two values in the prompt and two the prompt
+does not show (f(0) and f(9)), so a program that hard-codes the examples fails. The assertions are in the form
+code_tests judges outside the sandbox (grpo.rewards.code_checks): the sandbox evaluates only the calls `f(x)` and
+returns plain values; the expected `y` never enters it, and `==` runs in the trainer's process on those values.
+No program code runs in the trainer's process: the program is untrusted model output.
 
 Rewards (summed with weights):
-  tests   1.0 if the program passes every assertion, else 0.0        (code_tests, in the sandbox)
+  tests   1.0 if the program passes every assertion, else 0.0        (code_tests: run in the sandbox, judged outside)
   format  1.0 if the completion is exactly one ```python block defining f(x), else 0.0   (weight 0.1)
 
 The built-in model's warm-up shows two correct styles (probability `worked_frac` for the first):
@@ -119,7 +121,7 @@ class CodeTask:
         return [("tests", tests, 1.0), ("format", format_reward, 0.1)]
 
     def is_correct_batch(self, prompts: list[Prompt], completions: list[str]) -> list[bool]:
-        """Every test passes in the sandbox (the programs run concurrently)."""
+        """Every test passes (the programs run concurrently in the sandbox and are judged outside it)."""
         from grpo.rewards.code_exec import code_tests
 
         scores = code_tests([p.text for p in prompts], completions, [p.meta["tests"] for p in prompts],

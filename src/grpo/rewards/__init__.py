@@ -13,6 +13,7 @@ from grpo.rewards.answers import countdown, exact_answer, math_verify
 from grpo.rewards.base import (
     REWARD_FUNCTIONS,
     RewardFunctionError,
+    RewardValues,
     UnknownRewardFunction,
     completion_text,
     get_reward_function,
@@ -27,6 +28,7 @@ from grpo.rewards.runner import RewardResult, RewardRunner, RewardSpec
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunctionError",
+    "RewardValues",
     "UnknownRewardFunction",
     "RewardResult",
     "RewardRunner",

@@ -5,15 +5,48 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
+import threading
 
-__all__ = ["command", "sandbox_env", "TMPFS_BYTES"]
+__all__ = ["command", "sandbox_env", "tool", "bwrap_disables_userns", "TMPFS_BYTES"]
 
 logger = logging.getLogger("grpo.rewards")
 
-TMPFS_BYTES = 64 * 1024 * 1024  # size of each tmpfs (/work, /tmp) under bwrap
+TMPFS_BYTES = 64 * 1024 * 1024  # size of each tmpfs (/work, /tmp, /dev/shm) under bwrap
 _SETPRIV_DROP = ["--clear-groups", "--no-new-privs", "--inh-caps=-all"]
 _CAP_DAC_READ_SEARCH = 2
+
+
+_tools: dict[str, str | None] = {}
+_tools_lock = threading.Lock()
+
+
+def tool(name: str) -> str | None:
+    """The absolute path of `name` (bwrap, unshare, setpriv), looked up on PATH once per process and then kept:
+    a later change of PATH (or of the working directory) cannot swap the binary the sandbox runs."""
+    with _tools_lock:
+        if name not in _tools:
+            found = shutil.which(name)
+            _tools[name] = os.path.realpath(found) if found else None
+        return _tools[name]
+
+
+_userns_flag: list[bool] = []
+
+
+def bwrap_disables_userns() -> bool:
+    """True if this bwrap has --disable-userns (bubblewrap >= 0.8), read once from `bwrap --help`."""
+    if not _userns_flag:
+        path, ok = tool("bwrap"), False
+        if path:
+            try:
+                ok = "--disable-userns" in subprocess.run([path, "--help"], capture_output=True, text=True,
+                                                          timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+        _userns_flag.append(ok)
+    return _userns_flag[0]
 
 
 def _python_roots() -> list[str]:
@@ -32,14 +65,16 @@ def _python_roots() -> list[str]:
     return keep
 
 
-def _bwrap_args(workdir: str) -> list[str]:
+def _bwrap_args(workdir: str, seccomp_fd: int | None) -> list[str]:
     root = os.geteuid() == 0
     ns = (
         ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         if root
-        else ["--unshare-all"]
+        else ["--unshare-all", *(["--disable-userns"] if bwrap_disables_userns() else [])]
     )
-    args = ["bwrap", *ns, "--die-with-parent", "--new-session", "--clearenv"]
+    args = [tool("bwrap") or "bwrap", *ns, "--die-with-parent", "--new-session", "--clearenv"]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     for k, v in sandbox_env("/work", None).items():
         args += ["--setenv", k, v]
     args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
@@ -52,6 +87,7 @@ def _bwrap_args(workdir: str) -> list[str]:
     for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
         args += ["--ro-bind-try", f, f]
     args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]  # else /dev's unbounded tmpfs
     args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", "/tmp"]
     args += ["--perms", "0777", "--size", str(TMPFS_BYTES), "--tmpfs", "/work"]
     args += ["--ro-bind", os.path.join(workdir, "main.py"), "/work/main.py"]
@@ -104,7 +140,7 @@ def _have_cap(bit: int) -> bool:
 
 def _drop_uid(uid: int, *, inside_bwrap: bool) -> list[str]:
     """setpriv prefix that runs the program as `uid` (only when we are root), or [] when no drop is possible."""
-    setpriv = shutil.which("setpriv")
+    setpriv = tool("setpriv")
     if os.geteuid() != 0 or not setpriv:
         if os.geteuid() == 0:
             _warn_once("nosetpriv", "`setpriv` not found: sandboxed code runs as root, RLIMIT_NPROC is not enforced")
@@ -137,14 +173,17 @@ def _warn_once(key: str, msg: str) -> None:
         logger.warning(msg)
 
 
-def command(backend: str, workdir: str, boot: str, uid: int, site_packages: bool = True) -> list[str]:
+def command(backend: str, workdir: str, boot: str, uid: int, site_packages: bool = True,
+            seccomp_fd: int | None = None) -> list[str]:
+    """The command line that runs `boot` under `backend`. seccomp_fd: an open fd holding a filter (bwrap only)."""
     py = [sys.executable, "-I", *([] if site_packages else ["-S"]), "-c", boot]
     if backend == "bwrap":
-        return [*_bwrap_args(workdir), *_drop_uid(uid, inside_bwrap=True), *py]
-    pdeath = [shutil.which("setpriv"), "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+        return [*_bwrap_args(workdir, seccomp_fd), *_drop_uid(uid, inside_bwrap=True), *py]
+    pdeath = [tool("setpriv"), "--pdeathsig", "KILL", "--"] if tool("setpriv") else []
     drop = _drop_uid(uid, inside_bwrap=False)
     if backend == "unshare":
         user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        ns = ["unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--ipc", "--uts", *user, "--"]
+        ns = [tool("unshare") or "unshare", "--fork", "--kill-child", "--pid", "--mount-proc", "--net", "--ipc",
+              "--uts", *user, "--"]
         return [*pdeath, *ns, *drop, *py]
     return [drop[0], "--pdeathsig", "KILL", *drop[1:], *py] if drop else [*pdeath, *py]

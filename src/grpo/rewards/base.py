@@ -29,6 +29,7 @@ from grpo.errors import UserError
 __all__ = [
     "REWARD_FUNCTIONS",
     "RewardFunctionError",
+    "RewardValues",
     "UnknownRewardFunction",
     "register_reward",
     "get_reward_function",
@@ -58,6 +59,18 @@ class RewardFunctionError(RuntimeError):
         if traceback:
             msg += f"; last traceback:\n{traceback.rstrip()}"
         super().__init__(msg)
+
+
+class RewardValues(list):
+    """A reward function's N values plus per-sample side metrics: `extras[key]` holds N floats (None: no value for
+    that sample). RewardRunner logs the mean over the samples that have one as `reward/<name>/<key>`."""
+
+    def __init__(self, values: Any = (), extras: dict[str, list[float | None]] | None = None) -> None:
+        super().__init__(values)
+        self.extras = dict(extras or {})
+
+    def __reduce__(self):  # pickled across the runner's fork with its extras
+        return (RewardValues, (list(self), self.extras))
 
 
 class UnknownRewardFunction(UserError, KeyError):

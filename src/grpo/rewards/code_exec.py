@@ -1,61 +1,49 @@
-"""Code reward: run the completion's Python against the row's test cases in the sandbox.
+"""Code reward: run the completion's Python in the sandbox, and judge it outside the sandbox.
 
     code_tests(prompts, completions, tests=[["assert add(1, 2) == 3", "assert add(0, 0) == 0"], ...])
+    code_tests(prompts, completions, tests=[[{"input": "1 2\\n", "output": "3\\n"}], ...])
+    code_tests(prompts, completions, tests=[humaneval_test, ...], entry_point=["add", ...])
 
-The program the sandbox runs is a harness: it reads a random per-call nonce from stdin, points the solution's
-stdout at stderr, executes the last ```python block of the completion (with __name__ == "solution", so a
-`if __name__ == "__main__":` demo does not run), then each test in the same namespace, and only at the very end
-writes "<nonce> <passed> <total>" to the real stdout. The reward requires that line, so a completion that calls
-sys.exit(0) / os._exit(0) / raises before the tests, or crashes the interpreter, earns nothing.
+A row's tests are split by grpo.rewards.code_checks.parse_tests:
+  call checks   the sandbox evaluates only the call expressions (`add(1, 2)`) after the solution, in one run per
+                completion (_harness.py), and returns their values through a strict serializer (_wire.py) in a
+                frame authenticated with a per-call key the program cannot read. The assertion (`== 3`, with
+                floats compared at `float_tol`) is evaluated here, in the trainer's process, on fresh plain values.
+  I/O checks    one sandbox run per test: the program reads `input` on stdin; its stdout is compared here with
+                `output`, whitespace-normalised.
+  unverifiable  anything else runs in the harness as before (the program's own process says whether the test
+                raised: forgeable, see docs/rewards.md) and is counted in `reward/<name>/unverifiable_frac`.
 
-Reward: 1.0 when every test passed, else 0.0 (partial=True: the fraction passed). A timeout, a crash or a resource
-limit is 0.0: that is the program's fault. None (no signal) when the sandbox itself failed (status sandbox_error),
-or the row has no tests. A completion without a fenced code block scores 0.0.
+Reward: the fraction of the row's tests passed (partial=True), else 1.0 if all passed and 0.0 otherwise; never
+above 1. A completion without a fenced code block, a timeout, a crash, a forged or missing frame: 0.0 (the
+program's fault). None (no signal) when the sandbox itself failed (status sandbox_error) or the row has no tests.
+Without bubblewrap the function refuses (SandboxUnavailable) unless an unsafe backend is named: `backend=` or
+reward.sandbox=unsafe_local (grpo.rewards.sandbox.set_sandbox_mode).
 The programs run concurrently (max_workers threads, each waiting on its own sandbox process); the function is marked
 in_process for RewardRunner because every program already has its own hard kill at `timeout`.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from grpo.rewards.base import completion_text, register_reward
-from grpo.rewards.sandbox import SandboxResult, run_python
+from grpo.rewards._harness import SETUP_FAILED, build_harness, read_frame
+from grpo.rewards._wire import WireError, decode
+from grpo.rewards.base import RewardValues, completion_text, register_reward
+from grpo.rewards.code_checks import TestPlan, evaluate_check, io_equal, parse_tests
+from grpo.rewards.sandbox import resolve_backend, run_python
 
-__all__ = ["code_tests", "extract_code", "build_program", "score_result"]
+__all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
+
+logger = logging.getLogger("grpo.rewards")
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-_HARNESS = """\
-import os, sys, traceback
-NONCE = sys.stdin.readline().strip()
-VERDICT_FD = os.dup(1)
-os.dup2(2, 1)
-SOLUTION = {solution!r}
-TESTS = {tests!r}
-ns = {{"__name__": "solution", "__builtins__": __builtins__}}
-try:
-    exec(compile(SOLUTION, "solution.py", "exec"), ns)
-except BaseException:
-    traceback.print_exc()
-    sys.stderr.flush()
-    os._exit(1)
-passed = 0
-for i, test in enumerate(TESTS):
-    try:
-        exec(compile(test, "test_%d.py" % i, "exec"), ns)
-        passed += 1
-    except BaseException:
-        traceback.print_exc()
-sys.stdout.flush()
-sys.stderr.flush()
-os.write(VERDICT_FD, ("%s %d %d\\n" % (NONCE, passed, len(TESTS))).encode())
-os._exit(0)
-"""
 
 
 def extract_code(text: str) -> str | None:
@@ -64,45 +52,67 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def _tests_list(tests: Any) -> list[str]:
-    if tests is None:
-        return []
-    if isinstance(tests, str):
-        return [tests] if tests.strip() else []
-    return [str(t) for t in tests if str(t).strip()]
+def plan_row(tests: Any, entry_point: str | None = None, row: int | None = None) -> TestPlan:
+    """parse_tests, with the row named in its error."""
+    try:
+        return parse_tests(tests, entry_point)
+    except ValueError as e:
+        where = f"row {row}" if row is not None else "a row"
+        raise ValueError(f"code_tests: {where}'s `tests`: {e}") from None
 
 
-def build_program(solution: str, tests: list[str]) -> str:
-    """The harness program for one solution and its tests (the nonce arrives on stdin)."""
-    return _HARNESS.format(solution=solution, tests=list(tests))
+def _budget(timeout: float) -> float:
+    """Seconds the harness waits for the program's results: room is left for the start and for the frame."""
+    return max(0.05, 0.75 * timeout - 0.1)
 
 
-def score_result(res: SandboxResult, nonce: str, n_tests: int, *, partial: bool = False) -> float | None:
-    """Reward for one sandbox run of build_program: see the module docstring."""
+def _calls_passed(code: str, plan: TestPlan, opts: dict) -> int | None:
+    """Tests passed among the row's call checks and unverifiable tests (one sandbox run); None: no signal."""
+    key = secrets.token_bytes(32)
+    holes = [h for c in plan.calls for h in c.holes]
+    program = build_harness(code, holes, plan.unverifiable, plan.prelude, _budget(opts["timeout"]))
+    res = run_python(program, timeout=opts["timeout"], memory_mb=opts["memory_mb"], backend=opts["backend"],
+                     site_packages=opts["site_packages"], secret=key)
     if res.status == "sandbox_error":
         return None
-    if res.status != "passed":
-        return 0.0
-    for line in res.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == nonce and parts[2] == str(n_tests):
-            passed = int(parts[1])
-            return passed / n_tests if partial else float(passed == n_tests)
-    return 0.0
+    frame = read_frame(res.stdout, key, len(holes) + len(plan.unverifiable))
+    if frame is None:
+        if res.returncode == SETUP_FAILED and "grpo-harness: setup failed" in res.stderr:
+            raise RuntimeError(f"the code harness could not set itself up in the sandbox: {res.stderr[-500:]}")
+        return 0
+    values: dict[int, Any] = {}
+    for k, (ok, text) in frame.results.items():
+        if ok and k < len(holes):
+            try:
+                values[k] = decode(text)
+            except WireError:
+                pass  # not a plain value: the checks that need it fail
+    passed, offset = 0, 0
+    for check in plan.calls:
+        mine = {j: values[offset + j] for j in range(len(check.holes)) if offset + j in values}
+        passed += evaluate_check(check, mine, opts["float_tol"])
+        offset += len(check.holes)
+    for j in range(len(plan.unverifiable)):
+        passed += frame.results.get(len(holes) + j, (False, ""))[0]
+    return passed
 
 
-def _run_one(completion: Any, tests: Any, timeout: float, memory_mb: int, partial: bool,
-             site_packages: bool = True) -> float | None:
-    cases = _tests_list(tests)
-    if not cases:
+def _io_passed(code: str, test, opts: dict) -> int | None:
+    res = run_python(code, timeout=opts["timeout"], memory_mb=opts["memory_mb"], backend=opts["backend"],
+                     site_packages=opts["site_packages"], stdin=test.input)
+    if res.status == "sandbox_error":
         return None
-    code = extract_code(completion_text(completion))
-    if code is None:
-        return 0.0
-    nonce = secrets.token_hex(16)
-    res = run_python(build_program(code, cases), timeout=timeout, memory_mb=memory_mb, stdin=nonce + "\n",
-                     site_packages=site_packages)
-    return score_result(res, nonce, len(cases), partial=partial)
+    return int(res.status == "passed" and not res.stdout_truncated and io_equal(res.stdout, test.output,
+                                                                               opts["float_tol"]))
+
+
+def _entry_points(entry_point: Any, n: int) -> list[str | None]:
+    if entry_point is None or isinstance(entry_point, str):
+        return [entry_point] * n
+    eps = list(entry_point)
+    if len(eps) != n:
+        raise ValueError(f"code_tests: entry_point has {len(eps)} values for {n} completions")
+    return eps
 
 
 @register_reward("code_tests")
@@ -111,24 +121,98 @@ def code_tests(
     completions: list[Any],
     tests: list[Any],
     *,
+    entry_point: Any = None,
     timeout: float = 10.0,
     memory_mb: int = 1024,
     partial: bool = False,
     max_workers: int | None = None,
     site_packages: bool = True,
+    float_tol: float = 1e-6,
+    backend: str | None = None,
     **kwargs: Any,
-) -> list[float | None]:
-    """Run each completion's last ```python block against its row's `tests` (a list of assert statements, or one
-    string of test code) in the sandbox. 1.0 if all pass (partial=True: the fraction), 0.0 otherwise, None on a
-    sandbox failure or a row without tests. `timeout` and `memory_mb` are per program; site_packages=False runs
-    them on the standard library alone, which starts faster."""
-    workers = max_workers or min(8, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grpo-code") as pool:
-        futs = [
-            pool.submit(_run_one, c, t, timeout, memory_mb, partial, site_packages)
-            for c, t in zip(completions, tests, strict=True)
-        ]
-        return [f.result() for f in futs]
+) -> RewardValues:
+    """Run each completion's last ```python block against its row's `tests` (assert statements, a HumanEval
+    check(candidate) with the row's `entry_point`, or {"input", "output"} dicts) and judge the results outside
+    the sandbox. The fraction passed with partial=True, else 1.0 only if all pass; None on a sandbox failure or a
+    row without tests. `timeout` and `memory_mb` are per program; float_tol: relative and absolute tolerance of
+    == where a float is involved (0: exact); site_packages=False runs on the standard library alone (starts
+    faster); backend: name a sandbox backend (unshare/rlimit run without isolation, with a warning).
+    The result carries `extras["unverifiable_frac"]`: per sample, the share of its tests judged inside."""
+    if not float_tol >= 0:
+        raise ValueError(f"code_tests: float_tol must be >= 0, got {float_tol!r}")
+    n = len(completions)
+    if len(tests) != n:
+        raise ValueError(f"code_tests: {len(tests)} rows of tests for {n} completions")
+    resolve_backend(backend)  # refuses here, once, when no sandbox may run (SandboxUnavailable)
+    eps = _entry_points(entry_point, n)
+    opts = {"timeout": timeout, "memory_mb": memory_mb, "site_packages": site_packages, "backend": backend,
+            "float_tol": float_tol}
+    cache: dict[tuple[str, str | None], TestPlan] = {}
+    plans = []
+    for i, (t, ep) in enumerate(zip(tests, eps)):
+        key = (repr(t), ep)
+        if key not in cache:
+            cache[key] = plan_row(t, ep, i)
+        plans.append(cache[key])
+    codes = [extract_code(completion_text(c)) if p.n else None for c, p in zip(completions, plans)]
+    workers = max(1, max_workers or min(8, os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpo-code") as pool:
+        jobs: list[list] = []
+        for code, plan in zip(codes, plans):
+            row = []
+            if code is not None and plan.n:
+                if plan.calls or plan.unverifiable:
+                    row.append(pool.submit(_calls_passed, code, plan, opts))
+                row += [pool.submit(_io_passed, code, t, opts) for t in plan.io]
+            jobs.append(row)
+        counts = [[f.result() for f in row] for row in jobs]
+    scores: list[float | None] = []
+    for code, plan, got in zip(codes, plans, counts):
+        if not plan.n:
+            scores.append(None)
+        elif code is None:
+            scores.append(0.0)
+        elif any(c is None for c in got):
+            scores.append(None)
+        else:
+            passed = min(sum(got), plan.n)
+            scores.append(passed / plan.n if partial else float(passed == plan.n))
+    frac = [len(p.unverifiable) / p.n if p.n else None for p in plans]
+    return RewardValues(scores, extras={"unverifiable_frac": frac})
 
 
 code_tests.in_process = True  # type: ignore[attr-defined]
+
+
+def unverifiable_rows(rows: list[tuple[Any, Any]]) -> list[int]:
+    """Indices of the rows (tests, entry_point) that have at least one test judged inside the sandbox."""
+    return [i for i, (t, ep) in enumerate(rows) if plan_row(t, ep, i).unverifiable]
+
+
+def _uses_code_tests(fn: Any) -> bool:
+    while fn is not None:
+        if fn is code_tests:
+            return True
+        fn = getattr(fn, "func", None) if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
+    return False
+
+
+def prepare_code_rewards(reward_specs: list, prompts: list, sandbox: str = "auto") -> None:
+    """At the start of training: set the sandbox mode (reward.sandbox) and, when a reward function is code_tests,
+    refuse now if no sandbox may run, and warn naming the rows whose tests cannot be judged outside the sandbox.
+    reward_specs: (name, fn, weight) tuples; prompts: the training rows (grpo.types.Prompt)."""
+    from grpo.rewards.sandbox import set_sandbox_mode
+
+    set_sandbox_mode(sandbox)
+    if not any(_uses_code_tests(s[1]) for s in reward_specs):
+        return
+    resolve_backend(None)
+    rows = [(p.meta.get("tests"), p.meta.get("entry_point")) for p in prompts]
+    bad = unverifiable_rows(rows)
+    if bad:
+        names = ", ".join(f"{i} ({prompts[i].uid})" for i in bad[:10])
+        logger.warning(
+            "code_tests: %d of %d training rows have tests that cannot be judged outside the sandbox (rows %s%s); "
+            "their verdict comes from the program's own process and a policy can forge it (docs/rewards.md, "
+            "threat model). Write them as `assert f(...) == <literal>` or {input, output} pairs.",
+            len(bad), len(rows), names, ", ..." if len(bad) > 10 else "")

@@ -42,7 +42,7 @@ import torch
 
 from grpo.errors import RewardOutputError
 from grpo.rewards._fork import FORK_AVAILABLE, LiveChildren, run_forked
-from grpo.rewards.base import RewardFunctionError
+from grpo.rewards.base import RewardFunctionError, RewardValues
 
 __all__ = ["RewardRunner", "RewardResult", "RewardSpec"]
 
@@ -84,6 +84,7 @@ class _Outcome:
     seconds: float = 0.0
     last_tb: str | None = None
     invalid: str | None = None
+    extras: dict[str, list[float | None]] = field(default_factory=dict)  # per-sample side metrics (RewardValues)
 
 
 @dataclass
@@ -118,7 +119,16 @@ def _call(fn: Callable[..., Any], batch: _Batch) -> Any:
 
 
 def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | None]:
-    """Check a function's output against the contract; -> N floats or None. Raises _Invalid naming the index."""
+    """Check a function's output against the contract; -> N floats or None (a RewardValues, with its checked
+    extras, when the function returned one). Raises _Invalid naming the index."""
+    if isinstance(out, RewardValues):
+        extras = {}
+        for key, vals in out.extras.items():
+            vals = list(vals)
+            if len(vals) != n or any(v is not None and not isinstance(v, numbers.Real) for v in vals):
+                raise _Invalid(f"reward function {name!r} returned extras[{key!r}] that is not {n} numbers or None")
+            extras[key] = [None if v is None else float(v) for v in vals]
+        return RewardValues(_normalize(name, list(out), n, offset), extras)
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
@@ -330,9 +340,14 @@ class RewardRunner:
 
     @staticmethod
     def _fill(out: _Outcome, indices: Sequence[int], values: list[float | None]) -> None:
+        indices = list(indices)
         for i, v in zip(indices, values, strict=True):
             out.values[i] = v
             out.status[i] = "none" if v is None else "ok"
+        for key, vals in getattr(values, "extras", {}).items():
+            column = out.extras.setdefault(key, [None] * len(out.values))
+            for i, v in zip(indices, vals, strict=True):
+                column[i] = v
 
     def _note(self, name: str, kind: str, detail: str) -> None:
         """Log a failure: the full traceback once per (function, exception type), then only at DEBUG."""
@@ -372,6 +387,9 @@ class RewardRunner:
             metrics[f"reward/{name}/error_frac"] = o.status.count("error") / n if n else 0.0
             metrics[f"reward/{name}/timeout_frac"] = o.status.count("timeout") / n if n else 0.0
             metrics[f"reward/{name}/s"] = o.seconds
+            for key, vals in o.extras.items():
+                got = [v for v in vals if v is not None]
+                metrics[f"reward/{name}/{key}"] = sum(got) / len(got) if got else nan
         status = {name: o.status for name, o in outcomes.items()}
         tracebacks = {name: o.last_tb for name, o in outcomes.items() if o.last_tb}
         return RewardResult(total, per_function, missing, metrics, status, tracebacks)

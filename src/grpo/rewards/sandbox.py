@@ -20,12 +20,17 @@ afterwards); an environment with nothing but PATH, HOME, LANG, MALLOC_ARENA_MAX;
 applied by the interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer
 is one).
 
-Backends (the first that works on this machine is used; force one with `backend=` or GRPO_SANDBOX_BACKEND):
+Backends. Safe by default: without a working bwrap, run_python raises SandboxUnavailable (saying how to install it)
+unless an unsafe fallback is asked for by name: `backend=` / GRPO_SANDBOX_BACKEND, or set_sandbox_mode("unsafe_local")
+(the config's reward.sandbox), which allows the first of unshare/rlimit that works; a fallback logs a WARNING once
+per process. The binaries are resolved to absolute paths once per process (_sandbox_cmd.tool).
 
   bwrap    Debian's bubblewrap. New pid, network, ipc, uts (and cgroup) namespaces; a new root that holds only
            /usr (+ the /bin, /lib, ... links), the Python installation and the dynamic loader's /etc files, all
-           read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp and /work (the working
-           directory). Host files outside those are invisible. --die-with-parent, --new-session, --clearenv.
+           read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp, /dev/shm and /work (the
+           working directory), new each run. Host files outside those are invisible. --die-with-parent,
+           --new-session, --clearenv; a seccomp filter (_seccomp.py: no new user namespaces, no memfd/shmget, no
+           ptrace); --disable-userns as a normal user when bwrap has it.
   unshare  util-linux `unshare`: the same pid, network, ipc and uts namespaces, but NO filesystem isolation: the
            program sees the host's files with the permissions of its uid (below) and works in a private temporary
            directory on the host.
@@ -44,10 +49,11 @@ unprivileged uid, then the namespace kill); large allocations (RLIMIT_AS); huge 
 access (empty network namespace); daemons that setsid() and outlive the program (killed with the pid namespace);
 signals to host processes (pid namespace); privilege escalation through setuid binaries (no_new_privs).
 
-What is NOT covered: no seccomp syscall filter, so a kernel vulnerability is an escape; no cgroup, so memory is
-limited per process (up to MAX_PROCESSES x memory_mb in all) and CPU time is shared with the host; readable files
-under /usr and the Python installation (e.g. installed packages) are visible; timing and other side channels;
-code that games the test harness from inside its own interpreter (e.g. objects whose __eq__ always returns True).
+What is NOT covered: the seccomp filter is a short deny list, so a kernel vulnerability in an allowed call is an
+escape; no cgroup, so memory is bounded by MAX_PROCESSES x memory_mb plus the tmpfs sizes and CPU time is shared with
+the host; readable files under /usr and the Python installation (e.g. installed packages) are visible; timing and
+other side channels. (Gaming the verdict from inside the program's interpreter is code_exec's concern: it judges
+outside the sandbox.)
 This is a guard against buggy and reward-hacking model output, not a boundary against a determined attacker: for
 that run code rewards on separate machines (SandboxFusion, E2B, ...).
 """
@@ -57,9 +63,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import queue
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -70,10 +76,12 @@ from dataclasses import dataclass
 
 import psutil
 
+from grpo.rewards import _seccomp
 from grpo.rewards._fork import exited as _exited
-from grpo.rewards._sandbox_cmd import command, sandbox_env
+from grpo.rewards._sandbox_cmd import command, sandbox_env, tool
 
-__all__ = ["SandboxResult", "run_python", "available_backends", "default_backend", "BACKENDS", "STATUSES"]
+__all__ = ["SandboxResult", "SandboxUnavailable", "run_python", "available_backends", "default_backend",
+           "resolve_backend", "set_sandbox_mode", "sandbox_mode", "remove_tree", "BACKENDS", "MODES", "STATUSES"]
 
 logger = logging.getLogger("grpo.rewards")
 
@@ -87,13 +95,15 @@ MAX_FILE_BYTES = 16 * 1024 * 1024  # RLIMIT_FSIZE
 _UID_BASE = 0x70000000  # above the ranges systemd hands out to users and containers
 _STARTED = b"\x1e[grpo-sandbox: program started]\n"
 _KILL_GRACE_S = 1.0
+_CLEANUP_S = 5.0  # at most this long (and never longer than the call's timeout) to delete a run's directory
+_JANITOR_S = 300.0  # then a background thread gets this long more
 
 _BOOT = """\
 import os, resource, sys
 for _k, _v in {limits!r}:
     resource.setrlimit(getattr(resource, _k), (_v, _v))
 os.write(2, {marker!r})
-sys.argv = ["main.py"]
+sys.argv = {argv!r}
 with open("main.py", encoding="utf-8") as _f:
     _src = _f.read()
 del _f, _k, _v
@@ -124,34 +134,99 @@ def run_python(
     backend: str | None = None,
     max_processes: int = MAX_PROCESSES,
     site_packages: bool = True,
+    secret: bytes | None = None,
 ) -> SandboxResult:
     """Run `code` as a Python program in a fresh sandbox and return its SandboxResult.
 
     timeout: wall-clock seconds before the whole sandbox is SIGKILLed (status "timeout").
     memory_mb: address-space limit of each process (RLIMIT_AS); allocations beyond it raise MemoryError.
     stdin: data for the program's standard input (empty by default).
-    backend: "bwrap" | "unshare" | "rlimit" | None (None: GRPO_SANDBOX_BACKEND, else the first that works here).
+    backend: "bwrap" | "unshare" | "rlimit" | None. None: GRPO_SANDBOX_BACKEND if set, else bwrap; without a working
+        bwrap this raises SandboxUnavailable unless set_sandbox_mode("unsafe_local") allowed the fallbacks. Naming
+        "unshare" or "rlimit" (here or in the variable) runs without filesystem isolation, with a warning.
     max_processes: RLIMIT_NPROC, processes plus threads (a program starting more threads gets an error).
     site_packages: False starts the interpreter with -S: the standard library only, and a start about 20 ms
         faster (no site-packages to scan), for programs that need nothing else.
+    secret: bytes delivered on a pipe whose read end is open in the program as file descriptor int(sys.argv[1]);
+        nothing else (stdin, environment, files) carries them. The code harness reads and closes it (_harness.py).
     """
     if not timeout > 0:
         raise ValueError(f"timeout must be > 0, got {timeout!r}")
     if memory_mb < 64:
         raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {memory_mb!r}")
-    name = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or default_backend()
-    if name not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {name!r}; known: {', '.join(BACKENDS)}")
-    if backend is not None or os.environ.get("GRPO_SANDBOX_BACKEND"):
-        reason = _probe(name)
-        if reason:
-            return SandboxResult(
-                "sandbox_error", "", f"sandbox backend {name!r} does not work here: {reason}", 0.0, None, name
-            )
     if max_processes < 1:
         raise ValueError(f"max_processes must be >= 1, got {max_processes!r}")
+    named = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    if named is not None and named not in BACKENDS:
+        raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
+    if named is not None:
+        reason = _probe(named)
+        if reason:
+            return SandboxResult(
+                "sandbox_error", "", f"sandbox backend {named!r} does not work here: {reason}", 0.0, None, named
+            )
+    name = resolve_backend(named)
     return _run(code, timeout=timeout, memory_mb=memory_mb, stdin=stdin, backend=name, max_processes=max_processes,
-                site_packages=site_packages)
+                site_packages=site_packages, secret=secret)
+
+
+class SandboxUnavailable(RuntimeError):
+    """No safe sandbox here (bubblewrap missing or not working) and no unsafe fallback was asked for by name."""
+
+
+MODES = ("auto", "bwrap", "unsafe_local")
+_mode = ["auto"]
+_warned_unsafe: set[str] = set()
+
+
+def set_sandbox_mode(mode: str) -> None:
+    """The process-wide choice when no backend is named (`reward.sandbox`): "auto" and "bwrap" run programs under
+    bubblewrap only and refuse without it; "unsafe_local" also allows the unshare/rlimit fallbacks (a warning says
+    so at the first use after each call of this function, i.e. once per training run, and once per process)."""
+    if mode not in MODES:
+        raise ValueError(f"reward.sandbox must be one of {', '.join(MODES)}, got {mode!r}")
+    _mode[0] = mode
+    _warned_unsafe.clear()  # each training run (which sets the mode) warns again when it uses a fallback
+
+
+def sandbox_mode() -> str:
+    """The mode set_sandbox_mode last set ("auto" by default)."""
+    return _mode[0]
+
+
+def resolve_backend(named: str | None = None) -> str:
+    """The backend a call runs under: `named` (or GRPO_SANDBOX_BACKEND) as is; else bwrap when it works; else, in
+    mode unsafe_local, the first fallback that works. Raises SandboxUnavailable (saying how to install bubblewrap)
+    when nothing may run. A fallback logs a WARNING once per process."""
+    named = named or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    if named is not None:
+        if named not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
+        _warn_unsafe(named, "named")
+        return named
+    why = _probe("bwrap")
+    if not why:
+        return "bwrap"
+    if _mode[0] == "unsafe_local":
+        for b in BACKENDS[1:]:
+            if not _probe(b):
+                _warn_unsafe(b, f"reward.sandbox=unsafe_local, bubblewrap unavailable: {why}")
+                return b
+    raise SandboxUnavailable(
+        f"refusing to run model-written code: bubblewrap (bwrap) is not available here ({why}). Install it "
+        "with `apt-get install bubblewrap` (Debian/Ubuntu; `dnf install bubblewrap` on Fedora), or, only on a "
+        "machine you can afford to expose to the program, run the unsafe fallback by name: reward.sandbox="
+        "unsafe_local (config), or backend='unshare'/'rlimit' / GRPO_SANDBOX_BACKEND (docs/rewards.md)"
+    )
+
+
+def _warn_unsafe(backend: str, why: str) -> None:
+    if backend != "bwrap" and backend not in _warned_unsafe:
+        _warned_unsafe.add(backend)
+        logger.warning(
+            "sandbox backend %r (%s): model-written code runs WITHOUT filesystem isolation%s; it can read the "
+            "host's files and leave files in /tmp (docs/rewards.md, the sandbox)", backend, why,
+            " or network isolation" if backend == "rlimit" else "")
 
 
 def available_backends() -> list[str]:
@@ -160,11 +235,8 @@ def available_backends() -> list[str]:
 
 
 def default_backend() -> str:
-    """The backend `run_python` uses when none is forced: the first of BACKENDS that works here."""
-    for b in BACKENDS:
-        if not _probe(b):
-            return b
-    return "rlimit"
+    """The backend `run_python` uses when none is named (see resolve_backend; raises SandboxUnavailable)."""
+    return resolve_backend(None)
 
 
 # ----------------------------------------------------------------------------------------------- backend probing
@@ -184,9 +256,9 @@ def _probe(backend: str) -> str:
 
 
 def _probe_uncached(backend: str) -> str:
-    tool = {"bwrap": "bwrap", "unshare": "unshare"}.get(backend)
-    if tool and not shutil.which(tool):
-        return f"`{tool}` not found on PATH"
+    name = {"bwrap": "bwrap", "unshare": "unshare"}.get(backend)
+    if name and not tool(name):
+        return f"`{name}` not found on PATH"
     if not sys.platform.startswith("linux") and backend != "rlimit":
         return "namespaces need Linux"
     res = _run("import sys; sys.exit(0)", timeout=20.0, memory_mb=512, stdin=None, backend=backend)
@@ -207,6 +279,7 @@ def _run(
     backend: str,
     max_processes: int = MAX_PROCESSES,
     site_packages: bool = True,
+    secret: bytes | None = None,
 ) -> SandboxResult:
     token = secrets.token_hex(8)
     uid = _UID_BASE + secrets.randbelow(1 << 24)
@@ -218,10 +291,10 @@ def _run(
         ("RLIMIT_FSIZE", MAX_FILE_BYTES),
         ("RLIMIT_CORE", 0),
     ]
-    boot = _BOOT.format(limits=limits, marker=_STARTED)
     workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
     t0 = time.monotonic()
     proc = None
+    fds: list[int] = []  # read ends handed to the sandbox (the secret, the seccomp filter); closed here afterwards
     try:
         with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
@@ -229,7 +302,17 @@ def _run(
         data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
         with open(os.path.join(workdir, "stdin"), "wb") as f:
             f.write(data)
-        cmd = command(backend, workdir, boot, uid, site_packages=site_packages)
+        argv = ["main.py"]
+        if secret is not None:
+            fds.append(_pipe_with(secret))
+            argv.append(str(fds[-1]))
+        filt = _seccomp.build() if backend == "bwrap" else None
+        seccomp_fd = None
+        if filt is not None:
+            fds.append(_pipe_with(filt))
+            seccomp_fd = fds[-1]
+        boot = _BOOT.format(limits=limits, marker=_STARTED, argv=argv)
+        cmd = command(backend, workdir, boot, uid, site_packages=site_packages, seccomp_fd=seccomp_fd)
         if backend != "bwrap" and os.geteuid() == 0 and any(a.startswith("--reuid=") for a in cmd):
             os.chown(workdir, uid, uid)
         with open(os.path.join(workdir, "stdin"), "rb") as fin:
@@ -243,11 +326,15 @@ def _run(
                     env=sandbox_env(workdir, token),
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=tuple(fds),
                 )
             except OSError as e:
                 return SandboxResult(
                     "sandbox_error", "", f"could not start the sandbox: {e}", time.monotonic() - t0, None, backend
                 )
+        for fd in fds:
+            os.close(fd)
+        fds.clear()
         deadline = t0 + timeout
         out, err, timed_out, overflow = _communicate(proc, deadline)
         if not (timed_out or overflow):
@@ -255,9 +342,135 @@ def _run(
         _kill_all(proc, backend, token, kill_first=timed_out or overflow)
         return _result(proc.returncode, out, err, timed_out, overflow, time.monotonic() - t0, backend)
     finally:
+        for fd in fds:
+            os.close(fd)
         if proc is not None and proc.returncode is None:
             _kill_all(proc, backend, token, kill_first=True)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not remove_tree(workdir, time.monotonic() + min(timeout, _CLEANUP_S), log=False):
+            _finish_later(workdir)
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe holding `data` with its write end closed: -> the read end (inheritable, for pass_fds)."""
+    if len(data) > 60000:  # a pipe buffer holds 64 KiB; more would block this thread
+        raise ValueError(f"sandbox pipe data of {len(data)} bytes is too long")
+    r, w = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view):]
+    finally:
+        os.close(w)
+    return r
+
+
+def remove_tree(path: str, deadline: float, *, log: bool = True) -> bool:
+    """Delete directory `path` and everything under it, never raising and stopping at `deadline` (monotonic).
+
+    No recursion and no long paths: each directory met is first renamed to the top level (`path`), so every
+    operation is relative to a file descriptor at depth one or two, whatever the tree's depth (a 3,000-deep tree
+    costs 3,000 renames). Errors are skipped; what is left when time runs out is logged. -> True if it is gone."""
+    try:
+        root = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        _unlink(path)
+        return not os.path.lexists(path)
+    tag, count = secrets.token_hex(6), 0
+    todo = _empty_dir(root, root, tag, 0)
+    count = len(todo)
+    try:
+        while todo and time.monotonic() < deadline:
+            name = todo.pop()
+            fd = _open_dir(name, root)
+            if fd is None:
+                continue
+            try:
+                moved = _empty_dir(fd, root, tag, count)
+            finally:
+                os.close(fd)
+            count += len(moved)
+            todo += moved
+            try:
+                os.rmdir(name, dir_fd=root)
+            except OSError:
+                pass
+    except Exception:  # noqa: BLE001 - cleanup never raises
+        pass
+    finally:
+        os.close(root)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    gone = not os.path.lexists(path)
+    if not gone and log:
+        logger.warning("sandbox cleanup: could not remove all of %s in time; left in place", path)
+    return gone
+
+
+_janitor_queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+_janitor_started = threading.Event()
+
+
+def _finish_later(path: str) -> None:
+    """Hand a directory the call could not delete in its time to a background thread (the call returns now)."""
+    if not _janitor_started.is_set():
+        _janitor_started.set()
+        threading.Thread(target=_janitor, name="grpo-sandbox-cleanup", daemon=True).start()
+    _janitor_queue.put(path)
+
+
+def _janitor() -> None:
+    while True:
+        path = _janitor_queue.get()
+        remove_tree(path, time.monotonic() + _JANITOR_S)
+
+
+def _open_dir(name: str, root: int) -> int | None:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=root)
+    except PermissionError:
+        try:  # a directory the program made unreadable (same uid): open it up once
+            os.chmod(name, 0o700, dir_fd=root, follow_symlinks=False)
+            return os.open(name, flags, dir_fd=root)
+        except (OSError, NotImplementedError):
+            return None
+    except OSError:
+        return None
+
+
+def _empty_dir(fd: int, root: int, tag: str, start: int) -> list[str]:
+    """Unlink the non-directories in directory `fd`; rename its subdirectories to the top level (`root`) under
+    fresh names, which are returned. Errors are skipped."""
+    moved: list[str] = []
+    try:
+        entries = list(os.scandir(fd))
+    except OSError:
+        return moved
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                if fd == root:
+                    moved.append(e.name)
+                    continue
+                new = f".grpo-rm-{tag}-{start + len(moved)}"
+                os.rename(e.name, new, src_dir_fd=fd, dst_dir_fd=root)
+                moved.append(new)
+            else:
+                os.unlink(e.name, dir_fd=fd)
+        except OSError:
+            continue
+    return moved
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class _Stream:

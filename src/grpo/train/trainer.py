@@ -61,6 +61,9 @@ class Trainer:
         self.eval_prompts = self.task.split("test", cfg.eval.n)
         reward_specs = self._reward_specs(reward_functions)
         self.train_prompts, self.eval_prompts = check_rows(self.train_prompts, self.eval_prompts, reward_specs, cfg)
+        from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
+
+        prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
         self.policy, self.tokenizer = load_policy(cfg, self.task, console)
         self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
                                                               self.tokenizer, cfg)

@@ -1,0 +1,231 @@
+"""The program the sandbox runs for a row's call checks, and the authenticated frame it answers with.
+
+Two processes inside the sandbox:
+
+  parent (trusted: runs only this code)         child (untrusted from the moment the solution starts)
+  makes itself non-dumpable (prctl), forks ->   closes the secret pipe, waits for "go"
+  reads the secret key from the pipe fd         .
+  (sys.argv[1], the sandbox's `secret`) to EOF  .
+  closes it, says "go" ------------------------> points fd 1 at /dev/null; runs the solution; runs the prelude;
+                                                evaluates each hole (a call expression), encodes its value
+  reads result lines from the child's pipe  <--- with the strict encoder (_wire.py): "<k> 1 <value>" or
+  until "end", EOF, MAX_PAYLOAD or the budget    "<k> 0 <error>"; then each unverifiable test: "<k> 1 ok"
+  kills the child, then writes ONE frame to stdout:
+      GRPO-FRAME <hmac-sha256(key, header rest + payload)> <child status> <payload length>\\n<payload>
+
+Why the program cannot forge a verdict:
+- There is no verdict inside: the frame carries values, and the expected values never enter the sandbox, so a
+  forged frame scores only if it holds the right answers, which is solving the task.
+- The key is never in the child's memory (read after the fork), not on stdin, in the environment or a file; the
+  parent is non-dumpable, so the child cannot read its memory or its fds through /proc or ptrace (and the seccomp
+  filter denies ptrace and process_vm_readv). Without the key no frame passes `read_frame`.
+- The child's stdout is /dev/null; only the parent writes the real stdout, once, after the child is gone, and
+  `read_frame` requires stdout to be exactly one frame. Exiting early (os._exit, a signal, killing the parent)
+  leaves the holes without values: those tests fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+from grpo.rewards._wire import ENCODER_SRC, MAX_CHARS, MAX_DEPTH
+
+__all__ = ["build_harness", "read_frame", "Frame", "SETUP_FAILED", "MAX_PAYLOAD"]
+
+SETUP_FAILED = 3  # the parent's exit code when it could not set itself up (before any program code ran)
+MAX_PAYLOAD = 48 * 1024  # bytes of result lines kept (the sandbox keeps 64 KiB of stdout)
+_HEADER = re.compile(rb"GRPO-FRAME ([0-9a-f]{64}) ([a-z0-9]{1,16}) ([0-9]{1,9})\n")
+
+_TEMPLATE = r'''
+import os, sys, time
+_T0 = time.monotonic()
+BUDGET = {budget!r}
+SOLUTION = {solution!r}
+PRELUDE = {prelude!r}
+HOLES = {holes!r}
+EXECS = {execs!r}
+MAX_PAYLOAD = {max_payload!r}
+{encoder}
+_encode = _grpo_make_encoder({max_depth!r}, {max_chars!r})
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _child(w, go):
+    import traceback
+    _compile, _eval, _exec, _write, _exit, _type = compile, eval, exec, _write_all, os._exit, type
+    _BaseException, _enumerate, _len = BaseException, enumerate, len
+    os.read(go, 1)  # the parent holds the key now
+    os.close(go)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    ns = {{"__name__": "solution", "__builtins__": __builtins__}}
+    try:
+        _exec(_compile(SOLUTION, "solution.py", "exec"), ns)
+        for src in PRELUDE:
+            _exec(_compile(src, "prelude.py", "exec"), ns)
+    except _BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        _write(w, b"end\n")
+        _exit(1)
+    for k, src in _enumerate(HOLES):
+        try:
+            line = "%d 1 %s\n" % (k, _encode(_eval(_compile(src, "test_%d.py" % k, "eval"), ns)))
+        except _BaseException as e:
+            line = "%d 0 %s\n" % (k, _type(e).__name__)
+            traceback.print_exc()
+        _write(w, line.encode())
+    for j, src in _enumerate(EXECS):
+        k = _len(HOLES) + j
+        try:
+            _exec(_compile(src, "test_%d.py" % k, "exec"), ns)
+            line = "%d 1 true\n" % k
+        except _BaseException as e:
+            line = "%d 0 %s\n" % (k, _type(e).__name__)
+            traceback.print_exc()
+        _write(w, line.encode())
+    sys.stderr.flush()
+    _write(w, b"end\n")
+    _exit(0)
+
+
+def _nondumpable():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _sha256():
+    try:
+        from _sha256 import sha256  # Python <= 3.11, without loading OpenSSL
+    except ImportError:
+        try:
+            from _sha2 import sha256  # Python >= 3.12
+        except ImportError:
+            from hashlib import sha256
+    return sha256
+
+
+def _hmac_sha256(key, msg):
+    """HMAC-SHA256 (RFC 2104) in hex, as hmac.new(key, msg, hashlib.sha256).hexdigest() computes it."""
+    sha256 = _sha256()
+    if len(key) > 64:
+        key = sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    inner = sha256(bytes(b ^ 0x36 for b in key) + msg).digest()
+    return sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
+
+
+def _main():
+    import select, signal
+    try:
+        _nondumpable()
+        secret_fd = int(sys.argv[1])
+        r, w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+    except BaseException as e:
+        os.write(2, ("grpo-harness: setup failed: %r\n" % (e,)).encode())
+        os._exit({setup_failed!r})
+    if pid == 0:
+        try:
+            os.close(secret_fd)
+            os.close(r)
+            os.close(go_w)
+            _child(w, go_r)
+        finally:
+            os._exit(1)
+    os.close(w)
+    os.close(go_r)
+    key = b""
+    while True:
+        chunk = os.read(secret_fd, 4096)
+        if not chunk:
+            break
+        key += chunk
+    os.close(secret_fd)
+    os.write(go_w, b"g")
+    os.close(go_w)
+    payload = bytearray()
+    poller = select.poll()
+    poller.register(r, select.POLLIN | select.POLLHUP)
+    while len(payload) <= MAX_PAYLOAD and not payload.endswith(b"end\n"):
+        left = BUDGET - (time.monotonic() - _T0)
+        if left <= 0 or not poller.poll(left * 1000):
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        payload += chunk
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _, status = os.waitpid(pid, 0)
+    state = ("exit%d" % os.WEXITSTATUS(status)) if os.WIFEXITED(status) else ("sig%d" % os.WTERMSIG(status))
+    body = bytes(payload[:MAX_PAYLOAD])
+    rest = ("%s %d\n" % (state, len(body))).encode()
+    mac = _hmac_sha256(key, rest + body)
+    _write_all(1, b"GRPO-FRAME " + mac.encode() + b" " + rest + body)
+    os._exit(0)
+
+
+_main()
+'''
+
+
+def build_harness(solution: str, holes: list[str], execs: list[str], prelude: list[str], budget_s: float) -> str:
+    """The harness program for one solution (see the module docstring). budget_s: seconds the parent waits for the
+    child, counted from its own start (leave room below the sandbox's timeout for the frame to get out)."""
+    return _TEMPLATE.format(budget=float(budget_s), solution=solution, prelude=list(prelude), holes=list(holes),
+                            execs=list(execs), max_payload=MAX_PAYLOAD, encoder=ENCODER_SRC, max_depth=MAX_DEPTH,
+                            max_chars=MAX_CHARS, setup_failed=SETUP_FAILED)
+
+
+class Frame:
+    """A verified frame: `state` is how the child ended ("exit0", "exit1", "sig9", ...); `results` maps an index
+    to (ok, text): ok with the encoded value (or "true" for an unverifiable test), else the exception's name.
+    An index the child reported twice, or a line that is not well-formed, makes the frame invalid."""
+
+    def __init__(self, state: str, results: dict[int, tuple[bool, str]], complete: bool) -> None:
+        self.state, self.results, self.complete = state, results, complete
+
+
+def read_frame(stdout: str, key: bytes, n_items: int) -> Frame | None:
+    """The frame in `stdout` if it is exactly one frame whose MAC verifies with `key` and whose lines are
+    well-formed for indices 0..n_items-1; None otherwise (a forged, truncated or mangled frame)."""
+    raw = stdout.encode("utf-8", "surrogateescape")
+    m = _HEADER.match(raw)
+    if m is None:
+        return None
+    body = raw[m.end():]
+    if len(body) != int(m.group(3)):
+        return None
+    rest = raw[len(b"GRPO-FRAME ") + 65:m.end()] + body
+    want = hmac.new(key, rest, hashlib.sha256).hexdigest().encode()
+    if not hmac.compare_digest(want, m.group(1)):
+        return None
+    text = body.decode("utf-8", "replace")
+    lines = text.split("\n")
+    complete = len(lines) >= 2 and lines[-2] == "end" and lines[-1] == ""
+    results: dict[int, tuple[bool, str]] = {}
+    for line in lines:
+        if line in ("", "end"):
+            continue
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("0", "1"):
+            return None
+        k = int(parts[0])
+        if k >= n_items or k in results:
+            return None
+        results[k] = (parts[1] == "1", parts[2])
+    return Frame(m.group(2).decode(), results, complete)

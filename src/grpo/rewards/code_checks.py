@@ -1,0 +1,436 @@
+"""Test cases of the code reward, split into what runs in the sandbox and what is judged outside it.
+
+    parse_tests(["assert add(1, 2) == 3"])            -> TestPlan(calls=[CallCheck(holes=("add(1, 2)",), ...)])
+    parse_tests("def check(candidate):\\n    assert candidate(2) == 4\\n", entry_point="square")
+    parse_tests([{"input": "1 2\\n", "output": "3\\n"}])  -> TestPlan(io=[IOCheck("1 2\\n", "3\\n")])
+
+Forms (a row's `tests`: one string of test code, a list of such strings, or I/O dicts):
+  call checks   `assert EXPR` where every piece of EXPR that runs the program's code is a call (or an attribute)
+                the checker cannot evaluate itself: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those
+                pieces ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected
+                literal, abs/len/sorted/set/round/math.isclose, arithmetic, indexing) is evaluated here, in the
+                trainer, by `evaluate_check` over the holes' values. The expected values never enter the sandbox.
+                HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point.
+                Imports become a prelude the sandbox runs after the solution; `NAME = <literal>` is substituted.
+  I/O checks    {"input": str, "output": str} (or APPS' {"inputs": [...], "outputs": [...]}): the program reads
+                stdin; its stdout is compared here, whitespace-normalised.
+  unverifiable  anything else (loops, helper functions, assignments of computed values, `assert` over names the
+                checker cannot see): the test source runs in the sandbox as before and the program's own process
+                reports whether it raised. That verdict can be forged (docs/rewards.md, threat model).
+An assert with no hole at all (`assert True`) does not depend on the program and is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "values_equal", "io_equal",
+           "HoleFailed"]
+
+# calls the checker evaluates itself, on plain values (never the program's function of the same name)
+_SAFE_CALLS = {"abs", "len", "round", "sorted", "set", "frozenset", "tuple", "list", "min", "max", "sum", "all",
+               "any", "float", "int", "str", "bool", "isclose"}
+_MAX_REPEAT = 100_000  # [0] * n: n at most this
+_MAX_POW = 64  # x ** k: |k| at most this, k a literal
+
+
+@dataclass(frozen=True)
+class CallCheck:
+    """One assertion judged outside the sandbox. `holes` are the call expressions (source) the sandbox evaluates;
+    `test` is the assertion's expression with hole k replaced by the name `__hole_k__` (an index into `holes`)."""
+
+    source: str
+    holes: tuple[str, ...]
+    test: ast.expr = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class IOCheck:
+    input: str
+    output: str
+
+
+@dataclass
+class TestPlan:
+    """A row's tests: call checks (one sandbox run for all), I/O checks (one run each) and unverifiable sources."""
+
+    calls: list[CallCheck] = field(default_factory=list)
+    io: list[IOCheck] = field(default_factory=list)
+    unverifiable: list[str] = field(default_factory=list)
+    prelude: list[str] = field(default_factory=list)  # import statements, run in the sandbox after the solution
+
+    @property
+    def n(self) -> int:
+        return len(self.calls) + len(self.io) + len(self.unverifiable)
+
+
+class HoleFailed(Exception):
+    """A hole the check needs raised in the sandbox, was not serialisable, or has no value."""
+
+
+class _Unsupported(Exception):
+    """The statement is not in a form the checker can judge outside the sandbox."""
+
+
+# ---------------------------------------------------------------------------------------------------- parsing
+
+
+def parse_tests(tests: Any, entry_point: str | None = None) -> TestPlan:
+    """Split a row's `tests` into a TestPlan (see the module docstring). Raises ValueError for a value that is no
+    test form at all (a number, a dict without input/output, a `check(candidate)` without an entry point)."""
+    plan = TestPlan()
+    if tests is None:
+        return plan
+    items = [tests] if isinstance(tests, (str, dict)) else list(tests)
+    for item in items:
+        if isinstance(item, dict):
+            plan.io += _io_checks(item)
+        elif isinstance(item, str):
+            if item.strip():
+                _add_source(plan, item, entry_point)
+        else:
+            raise ValueError(f"a test must be a string of test code or an {{'input', 'output'}} dict, got "
+                             f"{type(item).__name__} {item!r:.80}")
+    return plan
+
+
+def _io_checks(item: dict) -> list[IOCheck]:
+    if "input" in item and "output" in item:
+        return [IOCheck(_text(item["input"], "input"), _text(item["output"], "output"))]
+    if "inputs" in item and "outputs" in item and "fn_name" not in item:
+        ins, outs = item["inputs"], item["outputs"]
+        if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
+            raise ValueError("an I/O test's 'inputs' and 'outputs' must be lists of the same length")
+        return [IOCheck(_text(i, "inputs"), _text(o, "outputs")) for i, o in zip(ins, outs)]
+    raise ValueError(f"an I/O test is {{'input': str, 'output': str}} (or {{'inputs': [...], 'outputs': [...]}}), "
+                     f"got keys {sorted(item)}")
+
+
+def _text(v: Any, name: str) -> str:
+    if isinstance(v, list):  # APPS keeps some inputs as lists of lines
+        v = "\n".join(str(x) for x in v)
+    if not isinstance(v, str):
+        raise ValueError(f"an I/O test's {name!r} must be a string, got {type(v).__name__}")
+    return v
+
+
+def _add_source(plan: TestPlan, src: str, entry_point: str | None) -> None:
+    """Add one string of test code: all its asserts as call checks if every statement is supported, else the
+    whole string as one unverifiable test."""
+    try:
+        module = ast.parse(src)
+    except SyntaxError:
+        plan.unverifiable.append(src)
+        return
+    consts: dict[str, ast.expr] = {}
+    calls: list[CallCheck] = []
+    prelude: list[str] = []
+    has_check = any(isinstance(s, ast.FunctionDef) and s.name == "check" for s in module.body)
+    if has_check and not entry_point:
+        raise ValueError("the tests define check(candidate) but the row has no 'entry_point' column naming the "
+                         "function to check")
+    try:
+        for stmt in module.body:
+            _statement(stmt, consts, calls, prelude, entry_point, top=True)
+    except _Unsupported:
+        if has_check and not any(_calls_check(s) for s in module.body):
+            src = f"{src}\ncheck({entry_point})\n"
+        plan.unverifiable.append(src)
+        return
+    plan.calls += calls
+    plan.prelude += [p for p in prelude if p not in plan.prelude]
+
+
+def _calls_check(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name)
+            and stmt.value.func.id == "check")
+
+
+def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_point: str | None, top: bool) -> None:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        prelude.append(ast.unparse(stmt))
+    elif isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+        pass
+    elif (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+          and _is_literal(stmt.value, consts)):
+        consts[stmt.targets[0].id] = _substitute(stmt.value, consts, {})
+    elif isinstance(stmt, ast.Assert):
+        check = _call_check(stmt, consts)
+        if check is not None:
+            calls.append(check)
+    elif top and isinstance(stmt, ast.FunctionDef) and stmt.name == "check":
+        args = stmt.args
+        if (len(args.args) != 1 or args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs
+                or stmt.decorator_list):
+            raise _Unsupported
+        inner = dict(consts)
+        inner[args.args[0].arg] = ast.Name(entry_point, ast.Load())
+        for s in stmt.body:
+            _statement(s, inner, calls, prelude, entry_point, top=False)
+    elif top and _calls_check(stmt) and entry_point:
+        pass  # check(entry_point): the asserts inside check() are the tests
+    else:
+        raise _Unsupported
+
+
+def _is_literal(node: ast.expr, consts: dict) -> bool:
+    try:
+        ast.literal_eval(_substitute(node, consts, {}))
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _substitute(node: ast.expr, consts: dict, holes: dict) -> ast.expr:
+    """A copy of `node` with constant names replaced by their literal."""
+
+    class Sub(ast.NodeTransformer):
+        def visit_Name(self, n: ast.Name) -> ast.AST:
+            if isinstance(n.ctx, ast.Load) and n.id in consts:
+                return consts[n.id]
+            return n
+
+    return ast.fix_missing_locations(Sub().visit(_copy(node)))
+
+
+def _copy(node: ast.AST) -> ast.AST:
+    return ast.parse(ast.unparse(node), mode="eval").body if isinstance(node, ast.expr) else node
+
+
+def _call_check(stmt: ast.Assert, consts: dict) -> CallCheck | None:
+    """The assert as a CallCheck, None when it has no hole (it does not depend on the program), or _Unsupported."""
+    test = _substitute(stmt.test, consts, {})
+    holes: list[str] = []
+    shaped = _Holes(holes).visit(test)
+    if not holes:
+        return None
+    return CallCheck(ast.unparse(ast.Assert(stmt.test, None)), tuple(holes), ast.fix_missing_locations(shaped))
+
+
+class _Holes(ast.NodeTransformer):
+    """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside."""
+
+    def __init__(self, holes: list[str]) -> None:
+        self.holes = holes
+
+    def _hole(self, node: ast.expr) -> ast.Name:
+        self.holes.append(ast.unparse(node))
+        return ast.Name(f"__hole_{len(self.holes) - 1}__", ast.Load())
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        if not _safe_call(node):
+            return self._hole(node)
+        if any(kw.arg is None for kw in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+            raise _Unsupported
+        node.args = [self.visit(a) for a in node.args]
+        for kw in node.keywords:
+            kw.value = self.visit(kw.value)
+        return node  # the function's name stays: evaluate_check calls the checker's own version
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if isinstance(node.value, ast.Name) and node.value.id == "math" and node.attr in ("pi", "e", "inf", "nan"):
+            return ast.Constant(getattr(math, node.attr))
+        return self._hole(node)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        raise _Unsupported  # a name the checker does not know (constants were substituted)
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        if not isinstance(node, _ALLOWED):
+            raise _Unsupported
+        return super().generic_visit(node)
+
+
+_ALLOWED = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare,
+            ast.IfExp, ast.Call, ast.Subscript, ast.Slice, ast.keyword, ast.Load, ast.operator, ast.unaryop,
+            ast.boolop, ast.cmpop, ast.expr_context)
+
+
+def _safe_call(node: ast.Call) -> bool:
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id in _SAFE_CALLS and f.id != "isclose"
+    return (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
+            and f.attr in ("isclose", "sqrt", "fabs", "floor", "ceil"))
+
+
+# ------------------------------------------------------------------------------------------------- evaluating
+
+
+def evaluate_check(check: CallCheck, values: dict[int, Any], float_tol: float = 0.0) -> bool:
+    """True if the assertion holds for the holes' `values` (hole index -> plain value; a missing index is a hole
+    that failed). Equality compares floats with math.isclose(rel_tol=abs_tol=float_tol). Never raises."""
+    try:
+        return bool(_Eval(values, float_tol).run(check.test))
+    except Exception:  # noqa: BLE001 - a type error, a missing hole, a huge repeat: the test fails
+        return False
+
+
+class _Eval:
+    def __init__(self, values: dict[int, Any], tol: float) -> None:
+        self.values, self.tol = values, tol
+
+    def run(self, n: ast.expr) -> Any:  # noqa: C901 - one case per node type
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.Name):
+            k = int(n.id.removeprefix("__hole_").removesuffix("__"))
+            if k not in self.values:
+                raise HoleFailed(k)
+            return self.values[k]
+        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
+            items = [self.run(e) for e in n.elts]
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(n)](items)
+        if isinstance(n, ast.Dict):
+            if any(k is None for k in n.keys):
+                raise ValueError("** in a dict display")
+            return {self.run(k): self.run(v) for k, v in zip(n.keys, n.values)}
+        if isinstance(n, ast.UnaryOp):
+            v = self.run(n.operand)
+            if isinstance(n.op, ast.Not):
+                return not v
+            _number(v)
+            return {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Invert: lambda x: ~x}[type(n.op)](v)
+        if isinstance(n, ast.BinOp):
+            return _binop(n, self.run(n.left), self.run(n.right))
+        if isinstance(n, ast.BoolOp):
+            v = None
+            for e in n.values:
+                v = self.run(e)
+                if isinstance(n.op, ast.And) != bool(v):
+                    return v
+            return v
+        if isinstance(n, ast.IfExp):
+            return self.run(n.body) if self.run(n.test) else self.run(n.orelse)
+        if isinstance(n, ast.Compare):
+            left = self.run(n.left)
+            for op, e in zip(n.ops, n.comparators):
+                right = self.run(e)
+                if not self._compare(op, left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(n, ast.Subscript):
+            return self.run(n.value)[self.run(n.slice)]
+        if isinstance(n, ast.Slice):
+            return slice(*(None if e is None else self.run(e) for e in (n.lower, n.upper, n.step)))
+        if isinstance(n, ast.Call):
+            return self._call(n)
+        raise ValueError(f"unsupported node {type(n).__name__}")
+
+    def _compare(self, op: ast.cmpop, a: Any, b: Any) -> bool:
+        if isinstance(op, ast.Eq):
+            return values_equal(a, b, self.tol)
+        if isinstance(op, ast.NotEq):
+            return not values_equal(a, b, self.tol)
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            if not any(x is None or x is True or x is False for x in (a, b)):
+                raise ValueError("`is` with something other than None/True/False")
+            return (a is b) == isinstance(op, ast.Is)
+        return {ast.Lt: lambda: a < b, ast.LtE: lambda: a <= b, ast.Gt: lambda: a > b, ast.GtE: lambda: a >= b,
+                ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[type(op)]()
+
+    def _call(self, n: ast.Call) -> Any:
+        name = n.func.id if isinstance(n.func, ast.Name) else n.func.attr
+        args = [self.run(a) for a in n.args]
+        kwargs = {kw.arg: self.run(kw.value) for kw in n.keywords}
+        if name == "isclose":
+            return math.isclose(*args, **kwargs)
+        if name in ("sqrt", "fabs", "floor", "ceil"):
+            return getattr(math, name)(*args)
+        if name == "sorted":
+            if set(kwargs) - {"reverse"}:
+                raise ValueError("sorted(key=...)")
+        elif kwargs:
+            raise ValueError(f"{name}() with keywords")
+        if name == "int" and len(args) == 1 and isinstance(args[0], str) and len(args[0]) > 4000:
+            raise ValueError("int() of a huge string")
+        return getattr(builtins, name)(*args, **kwargs)
+
+
+def _number(v: Any) -> None:
+    if type(v) not in (int, float, bool):
+        raise TypeError(f"arithmetic on {type(v).__name__}")
+
+
+def _binop(n: ast.BinOp, a: Any, b: Any) -> Any:
+    op = type(n.op)
+    if op is ast.Add:
+        if type(a) in (str, list, tuple) and type(a) is type(b):
+            return a + b
+        _number(a), _number(b)
+        return a + b
+    if op is ast.Mult:
+        seq = [x for x in (a, b) if type(x) in (str, list, tuple)]
+        if seq:
+            k = b if seq[0] is a else a
+            if type(k) is not int or abs(k) > _MAX_REPEAT or len(seq) != 1:
+                raise ValueError("sequence repeated by a non-int or too many times")
+            return a * b
+        _number(a), _number(b)
+        return a * b
+    if op is ast.Pow:
+        if not isinstance(n.right, ast.Constant) or type(b) is not int or abs(b) > _MAX_POW:
+            raise ValueError("** needs a small literal exponent")
+        _number(a)
+        return a**b
+    _number(a), _number(b)
+    fns = {ast.Sub: lambda: a - b, ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
+    if op not in fns:
+        raise ValueError(f"operator {op.__name__}")
+    return fns[op]()
+
+
+def values_equal(a: Any, b: Any, tol: float = 0.0) -> bool:
+    """Python's == on plain values (1 == 1.0 == True, [1] != (1,)), except that where one side is a float the
+    numbers compare with math.isclose(rel_tol=tol, abs_tol=tol) when tol > 0. Depth-limited: never recurses past
+    the depth the wire format allows."""
+    return _equal(a, b, tol, 0)
+
+
+def _equal(a: Any, b: Any, tol: float, depth: int) -> bool:
+    if depth > 100:
+        raise RecursionError("values nested too deeply")
+    ta, tb = type(a), type(b)
+    if tol > 0 and (ta is float or tb is float) and ta in (int, float, bool) and tb in (int, float, bool):
+        return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    if ta in (list, tuple) or tb in (list, tuple):
+        return ta is tb and len(a) == len(b) and all(_equal(x, y, tol, depth + 1) for x, y in zip(a, b))
+    if ta is dict or tb is dict:
+        return ta is tb and a.keys() == b.keys() and all(_equal(a[k], b[k], tol, depth + 1) for k in a)
+    return a == b
+
+
+def io_equal(got: str, want: str, tol: float = 0.0) -> bool:
+    """Stdout against the expected output, whitespace-normalised: leading/trailing blank lines and spaces at the
+    ends of lines are ignored, runs of spaces inside a line count as one. With tol > 0, tokens that both parse as
+    numbers and are not both integers compare with math.isclose."""
+    g, w = _lines(got), _lines(want)
+    if g == w:
+        return True
+    if tol <= 0 or len(g) != len(w):
+        return False
+    for gl, wl in zip(g, w):
+        gt, wt = gl.split(" "), wl.split(" ")
+        if len(gt) != len(wt):
+            return False
+        for x, y in zip(gt, wt):
+            if x != y and not _close_tokens(x, y, tol):
+                return False
+    return True
+
+
+def _lines(s: str) -> list[str]:
+    return [" ".join(line.split()) for line in s.strip().splitlines()]
+
+
+def _close_tokens(x: str, y: str, tol: float) -> bool:
+    try:
+        fx, fy = float(x), float(y)
+    except ValueError:
+        return False
+    return math.isclose(fx, fy, rel_tol=tol, abs_tol=tol)

@@ -1,0 +1,205 @@
+"""The sandbox is safe by default: refusal without bubblewrap, no user namespaces, bounded shared memory, a binary
+resolved once, cleanup that never raises, a writable area per run, and training that survives any program."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import pytest
+
+from grpo.rewards import RewardRunner, _sandbox_cmd, _seccomp, code_exec, sandbox
+from grpo.rewards.code_exec import code_tests, prepare_code_rewards
+from grpo.rewards.sandbox import SandboxUnavailable, run_python
+from grpo.types import Prompt
+
+HAVE_BWRAP = "bwrap" in sandbox.available_backends()
+needs_bwrap = pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap does not work here")
+FALLBACK = next((b for b in ("unshare", "rlimit") if b in sandbox.available_backends()), None)
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]
+HONEST = "```python\ndef add(a, b):\n    return a + b\n```"
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch):
+    """This machine as if bubblewrap were missing (the probe says so); the fallbacks still work."""
+    real = sandbox._probe
+    monkeypatch.setattr(sandbox, "_probe", lambda b: "`bwrap` not found on PATH" if b == "bwrap" else real(b))
+    monkeypatch.setattr(sandbox, "_mode", ["auto"])
+    monkeypatch.setattr(sandbox, "_warned_unsafe", set())
+    monkeypatch.delenv("GRPO_SANDBOX_BACKEND", raising=False)
+
+
+# --- refusal without bubblewrap --------------------------------------------------------------------------------
+
+
+def test_without_bwrap_run_python_and_code_tests_refuse(no_bwrap):
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        run_python("print(1)")
+    with pytest.raises(SandboxUnavailable, match="reward.sandbox=unsafe_local"):
+        code_tests(None, [HONEST], [TESTS])
+    sandbox.set_sandbox_mode("bwrap")
+    with pytest.raises(SandboxUnavailable):
+        run_python("print(1)")
+
+
+@pytest.mark.skipif(FALLBACK is None, reason="no fallback backend works here")
+def test_unsafe_fallback_runs_only_when_named_and_warns(no_bwrap, caplog, monkeypatch, no_leak):
+    caplog.set_level(logging.WARNING, logger="grpo.rewards")
+    sandbox.set_sandbox_mode("unsafe_local")
+    res = run_python("print(1)")
+    assert res.status == "passed" and res.backend in ("unshare", "rlimit")
+    assert "WITHOUT filesystem isolation" in caplog.text
+    assert list(code_tests(None, [HONEST], [TESTS])) == [1.0]
+    sandbox.set_sandbox_mode("auto")
+    caplog.clear()
+    monkeypatch.setattr(sandbox, "_warned_unsafe", set())
+    assert run_python("print(1)", backend="rlimit").status == "passed"  # named by argument
+    assert "'rlimit'" in caplog.text and "WITHOUT filesystem isolation" in caplog.text
+    assert list(code_tests(None, [HONEST], [TESTS], backend="rlimit")) == [1.0]
+    with pytest.raises(ValueError, match="reward.sandbox must be one of"):
+        sandbox.set_sandbox_mode("docker")
+
+
+def test_training_start_refuses_and_names_unverifiable_rows(no_bwrap, caplog):
+    rows = [Prompt(uid="a", text="p", meta={"tests": TESTS}),
+            Prompt(uid="b", text="p", meta={"tests": ["x = add(1, 2)\nassert x == 3"]})]
+    specs = [("tests", code_exec.code_tests, 1.0)]
+    with pytest.raises(SandboxUnavailable):
+        prepare_code_rewards(specs, rows, "auto")
+    prepare_code_rewards([("other", lambda prompts, completions: [0.0], 1.0)], rows, "auto")  # no code reward
+    caplog.set_level(logging.WARNING, logger="grpo.rewards")
+    prepare_code_rewards(specs, rows, "unsafe_local")
+    assert "1 of 2 training rows" in caplog.text and "1 (b)" in caplog.text
+
+
+# --- bubblewrap: namespaces, memory, binary --------------------------------------------------------------------
+
+SYSCALLS = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def err(rc):
+    return 0 if rc == 0 else ctypes.get_errno()
+out = {}
+out["unshare_user"] = err(libc.unshare(0x10000000))
+out["clone3"] = err(libc.syscall(435, None, 0))
+try:
+    os.memfd_create("x")
+    out["memfd"] = 0
+except OSError as e:
+    out["memfd"] = e.errno
+shm = libc.shmget(0, 1 << 20, 0o1600)
+out["shmget"] = 0 if shm >= 0 else ctypes.get_errno()
+st = os.statvfs("/dev/shm")
+out["shm_bytes"] = st.f_blocks * st.f_frsize
+print(out)
+"""
+
+
+@needs_bwrap
+def test_bwrap_denies_user_namespaces_and_unbounded_shared_memory(no_leak):
+    res = run_python(SYSCALLS, backend="bwrap")
+    assert res.status == "passed", res.stderr
+    got = eval(res.stdout)  # our own program's dict of ints
+    assert got["unshare_user"] == 1 and got["clone3"] == 38  # EPERM; ENOSYS (libc falls back to clone)
+    assert got["memfd"] == 1 and got["shmget"] == 1
+    assert got["shm_bytes"] <= _sandbox_cmd.TMPFS_BYTES
+
+
+@needs_bwrap
+def test_bwrap_dev_shm_fills_up_at_its_cap(no_leak):
+    code = ("import os\nn = 0\ntry:\n    for i in range(40):\n        with open('/dev/shm/f%d' % i, 'wb') as f:\n"
+            "            f.write(b'x' * (8 << 20))\n        n += 8\nexcept OSError as e:\n    print(n, e.errno)\n")
+    res = run_python(code, backend="bwrap", memory_mb=512)
+    written, errno_ = res.stdout.split()
+    assert int(written) <= _sandbox_cmd.TMPFS_BYTES >> 20 and errno_ == "28"  # ENOSPC
+
+
+def test_bwrap_command_line_as_root_and_as_a_user(tmp_path, monkeypatch):
+    """As a user bwrap makes the user namespace itself: --disable-userns closes it to the program (when this bwrap
+    has the flag); as root there is no user namespace and the seccomp filter does that job. Both load the filter."""
+    (tmp_path / "main.py").write_text("pass")
+    monkeypatch.setattr(_sandbox_cmd, "bwrap_disables_userns", lambda: True)
+    for euid, userns in ((0, False), (1000, True)):
+        monkeypatch.setattr(_sandbox_cmd.os, "geteuid", lambda euid=euid: euid)
+        cmd = _sandbox_cmd.command("bwrap", str(tmp_path), "pass", 0, seccomp_fd=7)
+        head = cmd[:cmd.index("--")]
+        assert ("--disable-userns" in head) == userns and ("--unshare-all" in head) == userns
+        assert head[head.index("--seccomp") + 1] == "7"
+        assert head[head.index("/dev/shm") - 3:head.index("/dev/shm")] == ["--size", str(_sandbox_cmd.TMPFS_BYTES),
+                                                                          "--tmpfs"]
+
+
+def test_seccomp_filter_is_known_for_x86_64_and_aarch64_only():
+    for m in ("x86_64", "aarch64"):
+        prog = _seccomp.build(m)
+        assert prog is not None and len(prog) % 8 == 0 and 20 < len(prog) // 8 < 4096
+    assert _seccomp.build("sparc64") is None
+
+
+@needs_bwrap
+def test_bwrap_is_resolved_to_an_absolute_path_once(tmp_path, monkeypatch):
+    first = _sandbox_cmd.command("bwrap", str(tmp_path), "pass", 0)[0]
+    assert os.path.isabs(first) and os.path.basename(first) == "bwrap"
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    assert _sandbox_cmd.command("bwrap", str(tmp_path), "pass", 0)[0] == first != str(fake)
+
+
+@needs_bwrap
+def test_each_run_has_its_own_writable_area(no_leak):
+    write = "import os\nfor d in ('/tmp', '/dev/shm', '.'):\n    open(os.path.join(d, 'mine'), 'w').write('x')\n"
+    look = "import os\nprint([d for d in ('/tmp', '/dev/shm', '.') if os.path.exists(os.path.join(d, 'mine'))])"
+    assert run_python(write, backend="bwrap").status == "passed"
+    assert run_python(look, backend="bwrap").stdout.strip() == "[]"
+
+
+# --- cleanup -----------------------------------------------------------------------------------------------------
+
+DEEP = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nraise SystemExit(1)\n"
+
+
+def _deep_tree(root: str, depth: int) -> None:
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+
+
+def test_remove_tree_is_iterative_and_bounded(tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    _deep_tree(str(deep), 3000)  # paths far beyond PATH_MAX: only fd-relative calls can reach the bottom
+    t0 = time.monotonic()
+    assert sandbox.remove_tree(str(deep), time.monotonic() + 0.2, log=False) in (True, False)  # no RecursionError
+    assert time.monotonic() - t0 < 1.5
+    shallow = tmp_path / "shallow"
+    (shallow / "a" / "b").mkdir(parents=True)
+    (shallow / "a" / "b" / "f").write_text("x")
+    os.symlink("/etc/hostname", shallow / "a" / "link")
+    assert sandbox.remove_tree(str(shallow), time.monotonic() + 30) and not shallow.exists()
+    assert os.path.exists("/etc/hostname")
+    assert sandbox.remove_tree(str(deep), time.monotonic() + 120) and not deep.exists()
+
+
+@pytest.mark.skipif(FALLBACK is None, reason="no fallback backend works here")
+def test_a_3000_deep_tree_is_the_programs_failure_not_an_exception(no_leak):
+    """Under a fallback the tree is on the host; three such programs in a batch do not stop training."""
+    deep = f"```python\n{DEEP}```"
+    fn = functools.partial(code_exec.code_tests, backend=FALLBACK, timeout=10.0)
+    with RewardRunner([("code", fn, 1.0, {"in_process": True})], timeout_s=60.0) as runner:
+        t0 = time.monotonic()
+        res = runner(["p"] * 4, [deep, HONEST, deep, deep], {"tests": [TESTS] * 4})
+    assert res.per_function["code"].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert not res.missing.any()
+    assert time.monotonic() - t0 < 4 * (10.0 + 5.0)
+    r = run_python(DEEP, backend=FALLBACK, timeout=5.0)
+    assert r.status == "failed"
