@@ -120,8 +120,8 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train_s, curve = 0.0, [(0, 0, 0.0, summary["eval/accuracy_before"])]
     for r in rows:
-        train_s += r["perf/step_s"]
-        if "eval/accuracy" in r:
+        train_s += r.get("perf/step_s", 0.0)
+        if "eval/accuracy" in r and r["step"] > 0:  # step 0 (the row some versions write first) is curve[0]
             curve.append((r["step"], r["step"] * args.prompts * args.group, train_s, r["eval/accuracy"]))
     return {"curve": curve, "wall_s": time.time() - t, "lr": _saved_lr(run_dir)}
 
