@@ -49,6 +49,19 @@ def _train(args) -> int:
     from rich.console import Console
 
     trainer = Trainer(cfg, console=None if args.quiet else Console(highlight=False, markup=False))
+    if args.preflight:  # the check alone: exit 3 (EXIT_HEALTH) when the run cannot learn
+        from grpo.train.preflight import run_preflight
+
+        try:
+            report = run_preflight(trainer)
+        finally:
+            trainer.close()
+        print("\n".join(report.lines()))
+        if args.json:
+            print(json.dumps({"stats": report.stats, "verdicts": [v.__dict__ for v in report.verdicts]}))
+        from grpo.errors import EXIT_HEALTH, EXIT_OK
+
+        return EXIT_HEALTH if report.fatal else EXIT_OK
     try:
         summary = trainer.train(resume=args.resume)
     finally:
@@ -59,17 +72,24 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from grpo.config import load_config
+    from grpo.config import ConfigError, load_config
     from grpo.data.base import task_from_config
     from grpo.models.loading import load_tokenizer, resolve_device
-    from grpo.train.evaluate import evaluate_model
+    from grpo.train.evaluate import evaluate_problems
     from transformers import AutoModelForCausalLM
 
     from grpo.models.checks import check_model_dir
 
     path = check_model_dir(args.model_dir, field="model_dir")  # missing, no config, weights cut short, no tokenizer
-    run_cfg = path.parent / "config.yaml"
-    cfg = load_config(run_cfg if run_cfg.exists() else None)
+    if args.k is not None and not 1 <= args.k <= (args.samples or args.k):
+        raise ConfigError(f"--k must be between 1 and the number of samples per problem ({args.samples}), got {args.k}")
+    run_cfg = next((d / "config.yaml" for d in (path.parent, path.parent.parent) if (d / "config.yaml").exists()),
+                   path.parent / "config.yaml")  # RUN/final or RUN/checkpoints/best: the run's config
+    if args.data is not None:  # a data set file; its correctness is the first reward's maximum (default exact_answer)
+        args.overrides = [f"data.path={args.data}", *args.overrides]
+        if not any(o.startswith("reward.functions=") for o in args.overrides):
+            args.overrides.append("reward.functions=[exact_answer]")
+    cfg = load_config(run_cfg if run_cfg.exists() else None, args.overrides)
     model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
     tokenizer = load_tokenizer(path)
     if args.task is not None:  # a built-in task instead of the run's own (its data set file, if it had one)
@@ -78,11 +98,18 @@ def _eval(args) -> int:
         cfg.data.difficulty = args.difficulty
     task = task_from_config(cfg, tokenizer=tokenizer)
     n = args.n or cfg.eval.n
-    res = evaluate_model(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
-                         max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                         max_prompt_tokens=cfg.data.max_prompt_tokens)
-    out = {"accuracy": res["accuracy"], "n": res["n"], "task": task.name, "model": str(path)}
-    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} on {res['n']} held-out problems")
+    temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
+    res, rows = evaluate_problems(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
+                                  max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                                  max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
+                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+    out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
+    if args.output:  # one JSON line per problem
+        Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        out["output"] = args.output
+    passes = "".join(f", {k} {v:.4f}" for k, v in res.items() if k.startswith("pass@"))
+    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} (greedy){passes} on {res['n']} "
+                                            "held-out problems")
     return 0
 
 
@@ -119,12 +146,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     t.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
+    t.add_argument("--preflight", action="store_true", help="only sample a few groups with the starting model and "
+                   "say whether the run can learn (truncation, zero-spread groups, rewards); exit 1 if not")
     t.set_defaults(func=_train)
-    e = sub.add_parser("eval", help="held-out greedy accuracy of a saved model directory")
+    e = sub.add_parser("eval", help="held-out greedy accuracy (and pass@k) of a local model directory")
     e.add_argument("model_dir")
     e.add_argument("--task", help="built-in task name (default: the run's task or data set file, else arithmetic)")
     e.add_argument("--difficulty", help="task difficulty (default: the run's)")
     e.add_argument("--n", type=int, help="number of held-out problems (default: the run's eval.n)")
+    e.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. rollout.max_new_tokens=64")
+    e.add_argument("--data", help="a data set file (JSONL/Parquet/CSV) instead of a built-in task; correct = the first "
+                   "of reward.functions gives its maximum (default reward.functions=[exact_answer])")
+    e.add_argument("--k", type=int, help="also pass@k (and pass@1, pass@2, ... up to k) from sampled completions, "
+                   "with the Codex paper's unbiased estimator")
+    e.add_argument("--samples", type=int, help="completions sampled per problem for pass@k (default: k)")
+    e.add_argument("--temperature", type=float, help="sampling temperature for pass@k (default rollout.temperature)")
+    e.add_argument("--output", help="write one JSON line per problem (completions and verdicts) to this file")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_eval)
     c = sub.add_parser("compare", help="PPO vs GRPO on the same work, measured")

@@ -91,7 +91,7 @@ def accuracy_curve(rows: list[dict], acc_before: float, completions_per_step: in
     train_s = 0.0
     for r in rows:
         train_s += r.get("perf/step_s", 0.0)
-        if r.get("eval/accuracy") is not None:
+        if r.get("eval/accuracy") is not None and r["step"] > 0:  # step 0 (before training) is acc_before
             curve.append({"step": r["step"], "completions": r["step"] * completions_per_step,
                           "train_s": round(train_s, 4), "accuracy": r["eval/accuracy"]})
     return curve

@@ -154,6 +154,16 @@ class TrainConfig(_Section):
     on_save_error: Literal["abort", "continue"] = Field(
         "abort", description="a failed periodic checkpoint save (e.g. disk full): abort the run, or warn and keep "
         "training; the final and the preemption save always abort")
+    preflight: Literal["warn", "stop", "off"] = Field(
+        "warn", description="before step 1, sample a few groups with the starting model and check that the run can "
+        "learn (truncation, zero-spread groups, rewards, log-prob gap): warn prints the verdicts, stop also ends a "
+        "run that cannot learn, off skips it; `grpo train --preflight` runs the check alone")
+    preflight_groups: int = Field(4, ge=1, description="prompts (groups of rollout.group_size) the preflight samples")
+
+    @field_validator("preflight", mode="before")
+    @classmethod
+    def _preflight_bool(cls, v):  # YAML reads `off` as false: accept the booleans too
+        return {False: "off", True: "warn"}.get(v, v) if isinstance(v, bool) else v
 
 
 class EvalConfig(_Section):
@@ -178,6 +188,11 @@ class LogConfig(_Section):
     print_group_every: int = Field(0, ge=0, description="print one group like the seed's example every N steps")
     progress: bool = True
     tensorboard: bool = False
+    trackers: list[Literal["tensorboard", "wandb", "trackio", "mlflow"]] = Field(
+        default_factory=list, description="experiment trackers that get every metrics.jsonl row, the config and the "
+        "summary: tensorboard, wandb (offline unless WANDB_MODE says otherwise), trackio, mlflow (./mlruns unless "
+        "MLFLOW_TRACKING_URI is set); each needs its extra, e.g. pip install 'grpo[wandb]'")
+    project: str = Field("grpo", description="project (W&B, trackio) or experiment (MLflow) name for log.trackers")
     plots: bool = True
 
 

@@ -100,8 +100,8 @@ def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, monkeypatch, c
     trainer.train()
     trainer.close()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2
-    for row in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows[1:]:
         assert {"reward/tests", "reward/format"} <= row.keys()
         assert row["reward/missing_frac"] == 0.0  # every program ran: a sandbox failure would be missing
     from grpo.cli import main

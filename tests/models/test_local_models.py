@@ -30,7 +30,7 @@ def test_two_steps_on_a_local_model_from_a_chat_jsonl(model_dirs, chat_data, tmp
         trainer.close()
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["rollout/len_mean"] > 0 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["rollout/len_mean"] > 0 for r in rows[1:])
     after = trainer.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     loaded = AutoModelForCausalLM.from_pretrained(run / "final")

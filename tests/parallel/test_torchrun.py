@@ -72,7 +72,9 @@ def test_ddp_on_two_processes_equals_one_process(one_process, tmp_path):
     torchrun(overrides(model, data, two, "parallel.strategy=ddp"), cwd=tmp_path)
     assert_same_parameters(one / "final", two / "final", model)
     m1, m2 = metrics(one), metrics(two)
-    assert [r["step"] for r in m2] == [1, 2]  # rank 0 alone writes: one line per step
+    assert [r["step"] for r in m2] == [0, 1, 2]  # rank 0 alone writes: one line per step (0: before training)
+    assert m2[0]["eval/accuracy"] == m1[0]["eval/accuracy"]
+    m1, m2 = m1[1:], m2[1:]
     for a, b in zip(m1, m2):
         for key in ("reward/mean", "reward/std", "adv/abs_mean", "loss/policy", "rollout/len_mean", "rollout/groups"):
             assert b[key] == pytest.approx(a[key], abs=1e-5), key
@@ -88,7 +90,7 @@ def test_fsdp_checkpoint_resumes_on_the_same_world_size(one_process, tmp_path):
     torchrun(overrides(model, data, run, "parallel.strategy=fsdp", "train.steps=1", "train.keep_checkpoints=5"),
              [*overrides(model, data, run, "parallel.strategy=fsdp"), "--resume"], cwd=tmp_path)
     assert (run / "checkpoints" / "step-000001" / "COMMITTED").exists()
-    assert [r["step"] for r in metrics(run)] == [1, 2]
+    assert [r["step"] for r in metrics(run)] == [0, 1, 2]
     assert_same_parameters(one / "final", run / "final", model)
 
 
@@ -105,7 +107,7 @@ def test_ppo_ddp_on_two_processes_equals_one_process(one_process, tmp_path):
         trainer.close()
     torchrun(overrides(model, data, two, "parallel.strategy=ddp"), cwd=tmp_path, preset="ppo")
     assert_same_parameters(one / "final", two / "final", model)
-    for a, b in zip(metrics(one), metrics(two)):
+    for a, b in zip(metrics(one)[1:], metrics(two)[1:]):  # [0]: step 0, the accuracy before training
         for key in ("loss/value", "critic/grad_norm", "loss/policy"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
 

@@ -82,7 +82,7 @@ def test_run_counts_and_names_the_skipped_batch_and_continues(make_trainer, monk
     nan_logits_at(monkeypatch, {2}, trainer)
     summary = trainer.train()
     out = capsys.readouterr().out
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1:]  # [0]: step 0, the accuracy before training
     assert [r["train/skipped_updates"] for r in rows] == [0, 1, 0]
     assert [r["train/skipped_steps"] for r in rows] == [0, 1, 1]
     assert summary["steps"] == 3 and summary["skipped_steps"] == 1
@@ -99,7 +99,7 @@ def test_k_consecutive_non_finite_steps_abort_with_a_message(make_trainer, monke
     with pytest.raises(NonFiniteError, match=r"2 consecutive steps \(the last is step 3\).*max_nan_steps=2"):
         trainer.train()
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3]  # the aborting step is logged too
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # the aborting step is logged too
     assert latest_checkpoint(tmp_path / "run").name == "step-000002"  # skipped steps leave valid weights
 
 
@@ -170,6 +170,6 @@ def test_stop_signal_during_a_step_saves_and_returns(sig, make_trainer, tmp_path
     assert load_checkpoint(latest_checkpoint(run_dir)).step == 2
     out = capsys.readouterr().out
     assert f"stopped by {sig.name} at step 2" in out and "--resume" in out
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
     assert signal.getsignal(sig) == handler  # the guard put the previous handler back
     assert make_trainer("train.steps=4").train(resume=True)["steps"] == 4

@@ -262,8 +262,8 @@ def test_ppo_two_step_smoke_run_with_checkpointed_critic(tmp_path, monkeypatch, 
         trainer.close()
     assert summary["steps"] == 2
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for r in rows[1:]:
         for key in ("loss/value", "critic/grad_norm", "critic/explained_var", "critic/value_mean", "ppo/kl_reward_mean",
                     "loss/policy", "policy/kl", "eval/accuracy" if r["step"] == 2 else "step"):
             assert key in r and math.isfinite(r[key]), key
@@ -281,4 +281,4 @@ def test_ppo_two_step_smoke_run_with_checkpointed_critic(tmp_path, monkeypatch, 
         assert critic.scheduler.last_epoch == 3 and critic.optimizer.state  # 2 restored + 1 new critic step
     finally:
         resumed.close()
-    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]

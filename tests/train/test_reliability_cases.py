@@ -101,7 +101,7 @@ def test_row_2_3_all_equal_rewards_give_zero_advantage_no_nan_and_a_warning(make
     trainer = make_trainer("train.steps=3", reward_functions=[("constant", constant, 1.0)])
     trainer.train()
     assert torch.equal(trainer.last_adv, torch.zeros_like(trainer.last_adv))
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1:]  # [0]: step 0, the accuracy before training
     for r in rows:
         assert r["adv/zero_std_frac"] == 1.0 and r["adv/abs_mean"] == 0.0 and r["reward/std"] == 0.0
         assert r["policy/grad_norm"] == 0.0  # a zero-gradient step
@@ -201,7 +201,7 @@ def test_row_10_all_truncated_completions_train_finitely_with_a_warning(make_tra
     trainer.train()
     assert bool(trainer.last_rollouts.truncated.all())
     assert "100% of completions hit rollout.max_new_tokens without ending" in capsys.readouterr().out
-    for r in read_jsonl(trainer.run_dir / "metrics.jsonl"):
+    for r in read_jsonl(trainer.run_dir / "metrics.jsonl")[1:]:
         assert r["rollout/truncated_frac"] == 1.0 and math.isfinite(r["loss/policy"])
 
 

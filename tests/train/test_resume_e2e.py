@@ -34,10 +34,12 @@ SAME = ["reward/mean", "reward/std", "loss/policy", "policy/grad_norm", "policy/
 
 
 def assert_metrics_match(run_dir, reference: list[dict]) -> None:
-    """metrics.jsonl has steps 1..E2E_STEPS once each, and the same learning numbers as the reference run."""
+    """metrics.jsonl has steps 0..E2E_STEPS once each (0: the accuracy before training), and the same numbers as
+    the reference run."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, E2E_STEPS + 1))
-    for got, want in zip(rows, reference):
+    assert [r["step"] for r in rows] == list(range(0, E2E_STEPS + 1))
+    assert rows[0] == reference[0] and set(rows[0]) == {"step", "eval/accuracy"}
+    for got, want in zip(rows[1:], reference[1:]):
         assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}, f"step {got['step']} differs"
 
 
@@ -93,7 +95,7 @@ def test_sigterm_mid_step_commits_checkpoint_exits_143_and_resumes(straight_run,
     assert "stopped by SIGTERM at step 2" in output
     assert f"Resume with: grpo train {run_dir / 'config.yaml'} --output-dir {run_dir} --resume" in output
     assert latest_checkpoint(run_dir).name == "step-000002"
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
     state, summary = resume_here(make_trainer, run_dir)
     assert summary["steps"] == E2E_STEPS
     assert_same_state(state, straight_run["state"])
@@ -159,7 +161,7 @@ def test_resume_refuses_incompatible_changes_and_prints_compatible_ones(make_tra
     assert summary["steps"] == 2
     printed = capsys.readouterr().out
     assert "resuming with changed settings: " in printed and "optim.lr (0.01 -> 0.02)" in printed
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1, 2]
 
 
 def test_fresh_run_into_a_run_directory_with_checkpoints_is_refused(make_trainer):
@@ -182,5 +184,5 @@ def test_resume_with_only_partial_checkpoints_starts_over(make_trainer, tmp_path
     assert "ignoring partial checkpoint directory" in caplog.text
     assert "step-000002 is not committed" in caplog.text
     assert "no committed checkpoint" in capsys.readouterr().out
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [1]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]
     assert latest_checkpoint(run_dir).name == "step-000001"

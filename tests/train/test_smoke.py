@@ -29,10 +29,12 @@ def test_run_directory_contract(run):
                  "plots/reward.png", "plots/accuracy.png", "checkpoints/step-000002/COMMITTED"]:
         assert (run / name).exists(), name
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the held-out accuracy before training
+    summary = json.loads((run / "summary.json").read_text())
+    assert rows[0] == {"step": 0, "eval/accuracy": summary["eval/accuracy_before"]}
     for key in METRIC_KEYS:
-        assert key in rows[0], key
-    assert "eval/accuracy" in rows[1]
+        assert key in rows[1], key
+    assert "eval/accuracy" in rows[2]
     summary = json.loads((run / "summary.json").read_text())
     for key in ["eval/accuracy_before", "eval/accuracy_after", "steps", "wall_s"]:
         assert key in summary
@@ -80,8 +82,8 @@ def test_presets_train(preset, tmp_path, monkeypatch):
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     trainer.train()
     trainer.close()
-    rows = [json.loads(line) for line in (tmp_path / preset / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2
+    rows = [json.loads(line) for line in (tmp_path / preset / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(rows) == 2  # after step 0's row (the accuracy before training)
     assert any(not (a == b).all() for a, b in zip(before, trainer.policy.parameters())), "no parameter changed"
     if preset == "deepseekmath":
         assert trainer.ref is not None

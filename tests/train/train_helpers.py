@@ -31,7 +31,8 @@ def base_overrides(model_dir: Path, run_dir: Path) -> list[str]:
     return [f"model.name={model_dir}", f"train.output_dir={run_dir}", "train.steps=2", "train.eval_every=0",
             "eval.n=4", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
             "data.train_size=50", "log.progress=false", "log.plots=false", "log.sample_groups=1",
-            "optim.lr=0.01", "optim.warmup_steps=3", "reward.timeout_s=2"]
+            "optim.lr=0.01", "optim.warmup_steps=3", "reward.timeout_s=2",
+            "train.preflight=off"]  # so the k-th reward call is step k (test_preflight.py checks the preflight)
 
 
 def varied_reward(prompts, completions, **columns):

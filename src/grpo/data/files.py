@@ -278,8 +278,9 @@ def _reward_specs(reward_functions) -> list[tuple[str, Callable, float]]:
     for r in reward_functions:
         if isinstance(r, str):
             from grpo.rewards import get_reward_function
+            from grpo.rewards.references import reference_name  # 'my_rewards.py:accuracy' logs as 'accuracy'
 
-            specs.append((r, get_reward_function(r), 1.0))
+            specs.append((reference_name(r), get_reward_function(r), 1.0))
         elif isinstance(r, tuple):
             specs.append((r[0], r[1], float(r[2]) if len(r) > 2 else 1.0))
         else:

@@ -109,8 +109,13 @@ def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
     Factories are called with the options; a plain function gets them bound as keyword defaults (a partial that keeps
     its name and attributes). Unknown names raise UnknownRewardFunction (a ValueError) listing the known ones; options
     the function does not take, or a factory's missing options, raise ValueError. A built-in whose optional dependency
-    is missing raises ImportError naming the extra to install.
+    is missing raises ImportError naming the extra to install. A reference, 'file.py:fn' or 'pkg.mod:fn', loads that
+    function instead (grpo.rewards.references; errors are RewardReferenceError, a ConfigError).
     """
+    if ":" in name:
+        from grpo.rewards.references import load_reward_reference
+
+        return load_reward_reference(name, **options)
     _load_builtins()
     if name not in REWARD_FUNCTIONS:
         known = ", ".join(sorted(REWARD_FUNCTIONS))

@@ -1,4 +1,6 @@
-"""`grpo report RUN_DIR`: one self-contained HTML page of a run (summary, curves, config, sample groups)."""
+"""`grpo report RUN_DIR`: one self-contained HTML page of a run: the summary (before, best and final accuracy), the
+reward and accuracy curves from step 0, the training dynamics (each reward function, KL, entropy, clip fraction,
+lengths), a metrics table, sample groups and the config. Images are embedded as data: URLs (no other file needed)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from pathlib import Path
 
 from grpo.tracking.metrics import read_jsonl
 
-KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "loss/policy", "policy/clip_frac",
-        "policy/entropy", "policy/kl", "perf/step_s", "eval/accuracy"]
+KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "rollout/truncated_frac", "loss/policy",
+        "policy/clip_frac", "policy/entropy", "policy/kl", "perf/step_s", "eval/accuracy"]
 
 
 def _fmt(v) -> str:
@@ -25,15 +27,19 @@ def write_report(run_dir: Path) -> Path:
     run_dir = check_run_dir(run_dir)
     from grpo.tracking.plots import plot_run
 
-    plot = plot_run(run_dir)[0]
-    image = base64.b64encode(plot.read_bytes()).decode()
+    from grpo.tracking.plots import reward_function_keys
+
+    plots = plot_run(run_dir)
+    images = "".join(f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" '
+                     'style="max-width:100%">' for p in (plots[0], plots[-1]))  # training.png, dynamics.png
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     rows = read_jsonl(run_dir / "metrics.jsonl")
     samples = read_jsonl(run_dir / "samples.jsonl")[-4:]
     config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
+    keys = KEYS[:2] + reward_function_keys(rows) + KEYS[2:]
     every = max(1, len(rows) // 30)
     table = "".join(
-        "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in KEYS) + "</tr>"
+        "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>"
         for r in rows if r["step"] % every == 0 or "eval/accuracy" in r
     )
     groups = "".join(
@@ -45,14 +51,14 @@ def write_report(run_dir: Path) -> Path:
         + "</table>"
         for s in samples
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>grpo run {html.escape(run_dir.name)}</title>
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>grpo run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}pre{{background:#f5f5f5;padding:1em}}</style></head><body>
 <h1>grpo run {html.escape(run_dir.name)}</h1>
 <table>{''.join(f'<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>' for k, v in summary.items())}</table>
-<img src="data:image/png;base64,{image}" style="max-width:100%">
-<h2>Metrics</h2><table><tr><th>step</th>{''.join(f'<th>{k}</th>' for k in KEYS)}</tr>{table}</table>
-<h2>Sample groups</h2>{groups}<h2>Config</h2><pre>{html.escape(config)}</pre></body></html>"""
+{images}
+<h2>Metrics</h2><table id="metrics"><tr><th>step</th>{''.join(f'<th>{html.escape(k)}</th>' for k in keys)}</tr>{table}</table>
+<h2>Sample groups</h2><div id="samples">{groups}</div><h2>Config</h2><pre>{html.escape(config)}</pre></body></html>"""
     out = run_dir / "report.html"
     out.write_text(page)
     return out

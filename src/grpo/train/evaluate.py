@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy pass@1 on the task's test split (problems never seen in training)."""
+"""Held-out evaluation: greedy pass@1 on the task's test split (problems never seen in training), and pass@k from
+n sampled completions per problem with the Codex paper's unbiased estimator (`grpo eval --k K`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,80 @@ def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, ma
         correct = [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
     return {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
             "completions": completions}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of the Codex paper (Chen et al. 2021, eq. 1) for one problem:
+    n samples of which c are correct -> 1 - C(n-c, k) / C(n, k), the chance that k samples drawn without replacement
+    from the n include a correct one. Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials). n >= k >= 1."""
+    if not (1 <= k <= n) or not (0 <= c <= n):
+        raise ValueError(f"pass_at_k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def _judge(task, prompts, completions) -> list[bool]:
+    if hasattr(task, "is_correct_batch"):
+        return [bool(x) for x in task.is_correct_batch(prompts, completions)]
+    return [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
+
+
+@torch.no_grad()
+def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: float, top_p: float = 1.0,
+                   max_new_tokens: int = 24, max_prompt_tokens: int | None = None, batch_size: int = 250,
+                   seed: int = 0) -> list[dict]:
+    """n sampled completions per prompt at `temperature`, each judged by the task: [{uid, completions (n,), correct
+    (n,)}] in prompt order. Each prompt's samples come from its own generator seeded by (seed, its index), so the
+    result does not depend on batch_size."""
+    sampler = Sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      max_prompt_tokens=max_prompt_tokens)
+    device = next(model.parameters()).device
+    out: list[dict] = []
+    per_batch = max(1, batch_size // n)
+    for i in range(0, len(prompts), per_batch):
+        chunk = prompts[i:i + per_batch]
+        gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + i + j) for j in range(len(chunk))]
+        texts = sampler.generate(chunk, n, generator=gens).texts
+        correct = _judge(task, [p for p in chunk for _ in range(n)], texts)
+        for j, p in enumerate(chunk):
+            out.append({"uid": p.uid, "completions": texts[j * n:(j + 1) * n], "correct": correct[j * n:(j + 1) * n]})
+    return out
+
+
+def pass_at_k_report(samples: list[dict], ks: list[int]) -> dict[str, float]:
+    """{'pass@k': mean over problems of pass_at_k(n, c, k)} for each k <= n (n: samples per problem)."""
+    out = {}
+    for k in ks:
+        vals = [pass_at_k(len(s["correct"]), sum(s["correct"]), k) for s in samples]
+        out[f"pass@{k}"] = sum(vals) / max(len(vals), 1)
+    return out
+
+
+def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_new_tokens: int,
+                      max_prompt_tokens: int | None, k: int | None = None, samples: int | None = None,
+                      temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> tuple[dict, list[dict]]:
+    """`grpo eval`: greedy accuracy, and with k: pass@1..pass@k from `samples` (default k) sampled completions per
+    problem. Returns (the JSON summary, one record per problem: uid, prompt, answer, greedy completion and verdict,
+    and with k the sampled completions, their verdicts and c = how many are correct)."""
+    greedy = evaluate_model(model, tokenizer, task, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            max_prompt_tokens=max_prompt_tokens)
+    summary = {"accuracy": greedy["accuracy"], "n": greedy["n"]}
+    rows = [{"uid": p.uid, "prompt": p.text, "answer": p.answer, "greedy": c, "greedy_correct": ok}
+            for p, c, ok in zip(prompts, greedy["completions"], greedy["correct"])]
+    if k is None:
+        return summary, rows
+    n = samples or k
+    if not 1 <= k <= n:
+        raise ValueError(f"--k must be between 1 and the number of samples per problem ({n}), got {k}")
+    sampled = sample_correct(model, tokenizer, task, prompts, n=n, temperature=temperature, top_p=top_p,
+                             max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                             batch_size=batch_size, seed=seed)
+    ks = sorted({1, k} | {2 ** i for i in range(1, k.bit_length()) if 2 ** i < k})
+    summary |= {"k": k, "samples": n, "temperature": temperature, **pass_at_k_report(sampled, ks)}
+    for row, s in zip(rows, sampled, strict=True):
+        row |= {"samples": s["completions"], "samples_correct": s["correct"], "c": sum(s["correct"])}
+    return summary, rows

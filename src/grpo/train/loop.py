@@ -35,6 +35,7 @@ from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, fu
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
+from grpo.tracking.trackers import Trackers, open_trackers
 from grpo.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -183,12 +184,14 @@ class _Run:
         specs = getattr(getattr(trainer, "rewards", None), "specs", [])
         self.reward_guard = RewardGuard({s.name: s.weight for s in specs}, self.cfg.reward.max_missing_steps,
                                         state.get("reward_guard"))
+        self.best = state.get("best")  # {"step", "accuracy"}: the best held-out accuracy so far (step 0 = before)
+        self.trackers = Trackers([])
 
     def state(self) -> dict:
         h = self.health
         return {"accuracy_before": self.acc_before, "accuracy": self.accuracy, "skipped_steps": self.skipped_total,
                 "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
-                "config": self.cfg.to_dict(),
+                "config": self.cfg.to_dict(), "best": self.best,
                 "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]},
                 "reward_guard": self.reward_guard.state_dict()}
 
@@ -224,7 +227,24 @@ class _Run:
         return path
 
     # ------------------------------------------------------------------ one step
-    def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb) -> None:
+    def note_accuracy(self, step: int, accuracy: float) -> None:
+        """Keep checkpoints/best/ (grpo.train.best) when `accuracy` beats every earlier evaluation."""
+        if self.best is not None and accuracy <= self.best["accuracy"]:
+            return
+        self.best = {"step": step, "accuracy": accuracy}
+        if step == 0:  # the starting model: model.name itself
+            return
+        from grpo.models.lora import unwrap
+        from grpo.train.best import save_best
+
+        trainer = self.trainer
+        gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
+        if is_main():
+            save_best(unwrap(trainer.policy), trainer.tokenizer, self.run_dir, step, accuracy,
+                      merged=self.cfg.model.save_merged, state_dict=gathered)
+        barrier()
+
+    def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb=None) -> None:
         trainer, cfg = self.trainer, self.cfg
         metrics = trainer.step()
         step = trainer.step_count
@@ -240,10 +260,9 @@ class _Run:
         evaluate = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.steps
         if evaluate and not self.guard.requested:  # a stop request skips the evaluation, saving time
             self.accuracy = metrics["eval/accuracy"] = _evaluate(trainer)
+            self.note_accuracy(step, self.accuracy)
         metrics_file.write({"step": step, **metrics})
-        if tb is not None:
-            for k, v in metrics.items():
-                tb.add_scalar(k, v, step)
+        self.trackers.log({"step": step, **metrics})
         _log_samples(trainer, samples_file, step, self.con)
         for warning in self.health.observe(metrics):
             self.out(f"[grpo] warning: {warning}")
@@ -273,6 +292,7 @@ class _Run:
         step = self.trainer.step_count
         path = self.save("preempted") if step > 0 else None
         self.con.stop()
+        self.trackers.close()
         what = f"checkpoint {path} committed" if path else "nothing trained yet, nothing saved"
         self.out(f"[grpo] stopped by {self.guard.signal_name or 'a stop request'} at step {step}; {what}. "
                  f"Resume with: {resume_command(self.run_dir)}", soft_wrap=True)
@@ -303,23 +323,28 @@ def run_training(trainer, resume: bool = False) -> dict:
             else NullWriter()
         samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=run.start_step) if main \
             else NullWriter()
-        tb = _tensorboard(cfg, run_dir) if main else None
+        run.trackers = open_trackers(cfg, run_dir, enabled=main)  # log.trackers (+ log.tensorboard)
         try:
             if run.acc_before is None:
+                _preflight(trainer, out)  # train.preflight: a cheap check that the run can learn (RNG untouched)
                 run.acc_before = _evaluate(trainer)
                 out(f"[grpo] held-out accuracy before training: {run.acc_before:.3f} on "
                     f"{len(trainer.eval_prompts)} problems")
+                metrics_file.write({"step": 0, "eval/accuracy": run.acc_before})  # the curves start here
+                run.trackers.log({"step": 0, "eval/accuracy": run.acc_before})
+                run.note_accuracy(0, run.acc_before)
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
-                run.step(metrics_file, samples_file, tb)
+                run.step(metrics_file, samples_file)
             if guard.requested:
                 raise Preempted(run.stop(), guard.signal_name)
+        except BaseException:
+            run.trackers.close()  # a failure: close the trackers' runs (else _finish does, after the summary)
+            raise
         finally:
             con.stop()
             metrics_file.close()
             samples_file.close()
-            if tb is not None:
-                tb.close()
         return _finish(run)
 
 
@@ -337,15 +362,20 @@ def _finish(run: _Run) -> dict:
         trainer.tokenizer.save_pretrained(final)
     if run.accuracy is None:
         run.accuracy = _evaluate(trainer)
+        run.note_accuracy(trainer.step_count, run.accuracy)
     state = run.state()
     summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.accuracy,
                "eval/n": len(trainer.eval_prompts), "steps": trainer.step_count, "wall_s": state["wall_s"],
                "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
                "task": cfg.data.task if cfg.data.path is None else cfg.data.path}
+    if run.best is not None:  # the best evaluation (checkpoints/best/ unless it is step 0, the starting model)
+        summary |= {"eval/best_step": run.best["step"], "eval/accuracy_best": run.best["accuracy"]}
     if not is_main():
         barrier()  # matches rank 0's barrier below
         return summary
     write_json_atomic(run_dir / "summary.json", summary)
+    run.trackers.summary(summary)
+    run.trackers.close()
     plot = None
     if cfg.log.plots:
         from grpo.tracking.plots import plot_run
@@ -362,14 +392,19 @@ def _quiet():
     return Console(quiet=True)
 
 
-def _tensorboard(cfg, run_dir):
-    if not cfg.log.tensorboard:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise ConfigError("log.tensorboard=true needs the tensorboard extra: pip install 'grpo[tensorboard]'") from e
-    return SummaryWriter(str(run_dir / "tensorboard"))
+def _preflight(trainer, out) -> None:
+    """train.preflight (warn | stop | off): grpo.train.preflight before step 1 of a fresh run; its RNG use is undone."""
+    mode = trainer.cfg.train.preflight
+    if mode == "off":
+        return
+    from grpo.train.preflight import PreflightError, run_preflight
+
+    report = run_preflight(trainer)
+    for line in report.lines():
+        out(line, soft_wrap=True)
+    if report.fatal and mode == "stop":
+        raise PreflightError("the preflight found that this run cannot learn (see the verdicts above); fix the "
+                             "setting it names, or set train.preflight=warn to train anyway")
 
 
 def load_run_config(run_dir):

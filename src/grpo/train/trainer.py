@@ -213,8 +213,9 @@ class Trainer:
             specs = list(self.task.reward_functions())
         else:
             from grpo.rewards import get_reward_function
+            from grpo.rewards.references import reference_name  # 'my_rewards.py:accuracy' logs as 'accuracy'
 
-            specs = [(n, get_reward_function(n), 1.0) for n in names]
+            specs = [(reference_name(n), get_reward_function(n), 1.0) for n in names]
         if self.cfg.reward.weights is not None:
             if len(self.cfg.reward.weights) != len(specs):
                 raise ConfigError(f"reward.weights has {len(self.cfg.reward.weights)} entries for {len(specs)} "

@@ -1,0 +1,193 @@
+"""Experiment trackers: `log.trackers=[tensorboard, wandb, trackio, mlflow]`.
+
+metrics.jsonl stays the source of truth; each tracker gets the same rows (every key of every step, step 0's held-out
+accuracy included), the resolved config once at the start, and summary.json's content at the end. Each is optional:
+a tracker whose package is missing is one ConfigError naming the extra to install (`pip install 'grpo[wandb]'`).
+Only rank 0 opens trackers (the loop passes `enabled=False` elsewhere).
+
+Where each one writes, with no network:
+- tensorboard: RUN_DIR/tensorboard/ (event files; the config and the summary as text).
+- wandb: RUN_DIR/wandb/; offline unless WANDB_MODE is set (then `wandb sync RUN_DIR/wandb/offline-run-*` uploads).
+- trackio: trackio's local database (TRACKIO_DIR, default ~/.cache/huggingface/trackio), project `log.project`,
+  run named after the run directory; the summary is logged as `summary/<key>` at the last step.
+- mlflow: MLFLOW_TRACKING_URI if set, else a local SQLite store RUN_DIR/mlflow.db with artifacts in
+  RUN_DIR/mlartifacts/ (`mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db`); the config is logged as
+  params (dotted keys) and config.yaml, the summary as summary.json and `summary/<key>` metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from grpo.config import ConfigError
+
+EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+          "trackio": ("trackio", "trackio"), "mlflow": ("mlflow", "mlflow")}  # name -> (module, extra)
+
+
+def _require(name: str):
+    module, extra = EXTRAS[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"log.trackers includes {name!r}, but the `{module}` package is not installed "
+                          f"({e}): pip install 'grpo[{extra}]'") from e
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _numbers(row: dict) -> dict[str, float]:
+    """The finite numeric entries of a row (trackers take numbers; JSON nulls and strings are left out)."""
+    return {k: float(v) for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class TensorBoardTracker:
+    def __init__(self, run_dir: Path, config: dict, project: str):
+        _require("tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        import yaml
+
+        self.writer.add_text("config", "```\n" + yaml.safe_dump(config, sort_keys=False) + "```", 0)
+
+    def log(self, row: dict, step: int) -> None:
+        for k, v in _numbers(row).items():
+            self.writer.add_scalar(k, v, step)
+
+    def summary(self, summary: dict, step: int) -> None:
+        for k, v in _numbers(summary).items():
+            self.writer.add_scalar(f"summary/{k}", v, step)
+        self.writer.add_text("summary", "\n".join(f"    {k}: {v}" for k, v in sorted(summary.items())), step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, run_dir: Path, config: dict, project: str):
+        wandb = _require("wandb")
+        self.run = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), config=config,
+                              mode=os.environ.get("WANDB_MODE", "offline"), reinit="create_new")
+
+    def log(self, row: dict, step: int) -> None:
+        self.run.log(_numbers(row), step=step)
+
+    def summary(self, summary: dict, step: int) -> None:
+        self.run.summary.update({k: v for k, v in summary.items() if v is not None})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TrackioTracker:
+    def __init__(self, run_dir: Path, config: dict, project: str):
+        self.trackio = _require("trackio")
+        self.run = self.trackio.init(project=project, name=run_dir.name, config=config, auto_log_cpu=False,
+                                     auto_log_gpu=False, embed=False)
+
+    def log(self, row: dict, step: int) -> None:
+        self.run.log(_numbers(row), step=step)
+
+    def summary(self, summary: dict, step: int) -> None:
+        self.run.log({f"summary/{k}": v for k, v in _numbers(summary).items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, run_dir: Path, config: dict, project: str):
+        mlflow = self.mlflow = _require("mlflow")
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(project)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            local = None if os.environ.get("MLFLOW_TRACKING_URI") else (run_dir / "mlartifacts").resolve().as_uri()
+            experiment_id = self.client.create_experiment(project, artifact_location=local)
+        self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
+        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        self.client.log_dict(self.run_id, config, "config.yaml")
+
+    def log(self, row: dict, step: int) -> None:
+        import time
+
+        now = int(time.time() * 1000)
+        metrics = [self.mlflow.entities.Metric(k, v, now, step) for k, v in _numbers(row).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def summary(self, summary: dict, step: int) -> None:
+        self.client.log_dict(self.run_id, summary, "summary.json")
+        self.log({f"summary/{k}": v for k, v in summary.items()}, step)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+TRACKERS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "trackio": TrackioTracker,
+            "mlflow": MlflowTracker}
+
+
+class Trackers:
+    """Every configured tracker behind one object: `log(row)`, `summary(summary)`, `close()`."""
+
+    def __init__(self, trackers: list):
+        self.trackers = trackers
+        self.last_step = 0
+
+    def log(self, row: dict) -> None:
+        """One metrics.jsonl row (it has a `step`)."""
+        self.last_step = int(row["step"])
+        for t in self.trackers:
+            t.log(row, self.last_step)
+
+    def summary(self, summary: dict) -> None:
+        for t in self.trackers:
+            t.summary(summary, self.last_step)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
+
+
+def tracker_names(log_cfg) -> list[str]:
+    """log.trackers, with the older `log.tensorboard=true` meaning the same as naming tensorboard."""
+    names = list(dict.fromkeys(log_cfg.trackers))
+    if log_cfg.tensorboard and "tensorboard" not in names:
+        names.insert(0, "tensorboard")
+    return names
+
+
+def open_trackers(cfg, run_dir: Path, enabled: bool = True) -> Trackers:
+    """Open the trackers of `cfg.log` for run_dir (none when `enabled` is False: the other ranks). The packages are
+    checked first, so a missing one fails before any tracker has created a run."""
+    names = tracker_names(cfg.log) if enabled else []
+    for name in names:
+        _require(name)
+    opened: list = []
+    try:
+        for name in names:
+            opened.append(TRACKERS[name](Path(run_dir), cfg.to_dict(), cfg.log.project))
+    except BaseException:
+        Trackers(opened).close()
+        raise
+    return Trackers(opened)

@@ -1,0 +1,204 @@
+"""Preflight: will this run learn? A few groups sampled with the starting model, checked before step 1.
+
+The most repeated complaint about GRPO trainers is a run that silently learns nothing: every completion cut at
+max_new_tokens, every group with the same reward (advantage 0, no gradient), a reward that is always 0 or None
+because of a format mismatch, a sampler that does not compute the trainer's policy. `measure` samples
+`train.preflight_groups` prompts x G completions exactly as a training step would (same sampler, same reward
+functions), and `judge` turns the numbers into verdicts with the setting to change:
+
+    fatal  the run cannot learn from what was sampled (every reward identical, a reward always missing,
+           nearly every completion truncated)
+    warn   it may learn slowly or wrongly (most groups zero-spread, a reward constant over every sample,
+           many truncated or missing, a large sampler/trainer log-prob gap, empty completions)
+    ok     healthy: said in one line with the numbers
+
+`grpo train --preflight` runs the check alone (exit 3 on a fatal verdict, as a health guard). Every run does it before step 1 unless
+`train.preflight=off`; `train.preflight=stop` ends a run with a fatal verdict (PreflightError), `warn` (the
+default) prints the verdicts and trains. The check saves and restores every global RNG (python, numpy, torch, CUDA)
+and draws no prompt from the training stream, so a run trains on exactly what it would without it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.errors import HealthGuardError
+
+
+class PreflightError(HealthGuardError):
+    """The preflight found that the run cannot learn (train.preflight=stop); the message says what to change.
+    A health guard: `grpo train` exits 3."""
+
+
+@dataclass
+class Verdict:
+    level: str  # fatal | warn | ok
+    text: str
+
+
+@dataclass
+class PreflightReport:
+    """stats: the measured numbers (see `measure`); verdicts: what they mean, worst first."""
+
+    stats: dict
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    @property
+    def fatal(self) -> bool:
+        return any(v.level == "fatal" for v in self.verdicts)
+
+    def lines(self) -> list[str]:
+        s = self.stats
+        head = (f"[grpo] preflight: {s['groups']} groups x {s['group_size']} completions with the starting model: "
+                f"truncated {s['truncated_frac']:.0%}, zero-spread groups {s['zero_spread_frac']:.0%}, "
+                f"prompt {s['prompt_len_mean']:.0f} tokens (max {s['prompt_len_max']}), completion "
+                f"{s['completion_len_mean']:.1f} tokens (max {s['completion_len_max']}), sampler/trainer log-prob "
+                f"gap {_fmt(s['logp_gap'])} nats/token")
+        rewards = "; ".join(f"{n}: mean {_fmt(r['mean'])}, missing {r['missing_frac']:.0%}"
+                            for n, r in s["rewards"].items())
+        return [head, f"[grpo] preflight rewards: {rewards}"] + [f"[grpo] preflight {v.level}: {v.text}"
+                                                                   for v in self.verdicts]
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
+# ------------------------------------------------------------------------------------------------ measuring
+def measure(trainer, n_groups: int) -> dict:
+    """Sample the first `n_groups` training prompts x G with trainer's sampler and score them like a step does.
+
+    Returns {groups, group_size, truncated_frac, zero_spread_frac, all_same_reward (float or None), rewards:
+    {name: {mean, min, max, missing_frac}}, logp_gap (float or None when top_p < 1), prompt_len_mean, prompt_len_max,
+    completion_len_mean, completion_len_max, max_new_tokens, example (one completion text)}. The global RNG states
+    are restored afterwards.
+    """
+    from grpo.algo import zero_std_groups
+    from grpo.parallel import generation
+    from grpo.train.checkpoint import capture_rng_state, restore_rng_state
+
+    cfg, G = trainer.cfg, trainer.cfg.rollout.group_size
+    prompts = trainer.train_prompts[:n_groups]
+    saved = capture_rng_state()
+    try:
+        torch.manual_seed(cfg.train.seed)  # the same sample on every rank and every run of this config
+        with generation(trainer.policy, trainer.dist):
+            rollouts = trainer.sampler.generate(prompts, G)
+        scores = trainer._score(rollouts)
+        gap = _logp_gap(trainer, rollouts)
+    finally:
+        restore_rng_state(saved)
+    total = scores.total.float()
+    present = total[~torch.isnan(total)]
+    same = float(present[0]) if present.numel() and bool((present == present[0]).all()) else None
+    lengths, plen = rollouts.completion_mask.sum(-1).float(), rollouts.prompt_mask.sum(-1).float()
+    return {
+        "groups": len(prompts), "group_size": G, "max_new_tokens": cfg.rollout.max_new_tokens,
+        "truncated_frac": float(rollouts.truncated.float().mean()),
+        "zero_spread_frac": float(zero_std_groups(total, G).float().mean()),
+        "all_same_reward": same if present.numel() == total.numel() else None,
+        "rewards": {name: _reward_stats(v) for name, v in scores.per_function.items()},
+        "logp_gap": gap,
+        "prompt_len_mean": float(plen.mean()), "prompt_len_max": int(plen.max()),
+        "completion_len_mean": float(lengths.mean()), "completion_len_max": int(lengths.max()),
+        "example": rollouts.texts[0] if rollouts.texts else "",
+    }
+
+
+def _reward_stats(values: torch.Tensor) -> dict:
+    """(N,) with NaN = missing -> {mean, min, max, missing_frac} (mean/min/max None when all are missing)."""
+    v = values.float()
+    present = v[~torch.isnan(v)]
+    if not present.numel():
+        return {"mean": None, "min": None, "max": None, "missing_frac": 1.0}
+    return {"mean": float(present.mean()), "min": float(present.min()), "max": float(present.max()),
+            "missing_frac": 1.0 - present.numel() / v.numel()}
+
+
+def _logp_gap(trainer, rollouts) -> float | None:
+    """Mean |sampler logp - trainer logp| over completion tokens (nats), as `rollout/logp_diff`; None with top-p."""
+    from grpo.parallel import generation
+    from grpo.train.update import PolicyBatch, batch_logprobs
+
+    cfg = trainer.cfg
+    if cfg.rollout.top_p != 1.0:  # top-p renormalises the sampler's distribution: not comparable
+        return None
+    mask = rollouts.completion_mask.float()
+    if not mask.sum():
+        return None
+    batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
+                        completion_ids=rollouts.completion_ids, mask=mask,
+                        adv=torch.zeros(rollouts.num_completions, device=mask.device), group_size=rollouts.group_size)
+    with torch.no_grad(), generation(trainer.policy, trainer.dist):
+        logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature)
+    diff = (logp - rollouts.logp.to(logp.device)).abs() * mask
+    return float(diff.sum() / mask.sum())
+
+
+# ------------------------------------------------------------------------------------------------ judging
+def judge(stats: dict) -> list[Verdict]:
+    """The verdicts of `measure`'s numbers, fatal first; one `ok` verdict when nothing is wrong. Pure."""
+    s, out = stats, []
+    n, mnt = s["groups"] * s["group_size"], s["max_new_tokens"]
+    trunc = s["truncated_frac"]
+    if trunc >= 0.9 and s["zero_spread_frac"] >= 0.5:  # cut off, and the cut-off answers give no signal
+        out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
+                                    f"rollout.max_new_tokens={_raise(mnt)}), or check that the model can emit its "
+                                    f"end-of-sequence token; cut off, {s['zero_spread_frac']:.0%} of the groups have "
+                                    "zero reward spread and teach nothing"))
+    elif trunc >= 0.5:
+        out.append(Verdict("warn", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
+                                   f"rollout.max_new_tokens={_raise(mnt)}); cut-off answers usually score 0"))
+    for name, r in s["rewards"].items():
+        if r["missing_frac"] >= 1.0:
+            out.append(Verdict("fatal", f"reward {name!r} returned None for all {n} completions: it never "
+                                        "recognises an answer; check its expected format against a completion: "
+                                        f"{s['example'][:80]!r}"))
+        elif r["missing_frac"] >= 0.5:
+            out.append(Verdict("warn", f"reward {name!r} returned None for {r['missing_frac']:.0%} of the "
+                                       "completions (no signal for them): check its expected format"))
+        elif r["min"] == r["max"] and len(s["rewards"]) > 1:
+            out.append(Verdict("warn", f"reward {name!r} gave {r['min']:g} to all {n} completions: it adds no "
+                                       "signal; a format mismatch? compare its expected format with a completion: "
+                                       f"{s['example'][:80]!r}"))
+    if s["all_same_reward"] is not None:
+        out.append(Verdict("fatal", f"all {n} sampled completions got the same reward {s['all_same_reward']:g}: "
+                                    "every group has zero spread, so every advantage is 0 and nothing is learned. "
+                                    "The task is too hard (or too easy) for the starting model, or the reward never "
+                                    "matches: use an easier data.difficulty or a warmed-up model, raise "
+                                    "rollout.group_size, or check the reward against a completion: "
+                                    f"{s['example'][:80]!r}"))
+    elif s["zero_spread_frac"] >= 0.8:
+        out.append(Verdict("warn", f"{s['zero_spread_frac']:.0%} of the {s['groups']} sampled groups have zero "
+                                   "reward spread (advantage 0, no gradient): raise rollout.group_size, change "
+                                   "data.difficulty, or use the dapo preset (drops such groups)"))
+    if s["logp_gap"] is not None and s["logp_gap"] > 0.05:
+        out.append(Verdict("warn", f"the sampler's log-probs differ from the trainer's by {s['logp_gap']:.3f} "
+                                   "nats/token on the same tokens: the two do not compute the same policy, so "
+                                   "updates are off-policy; try model.dtype=float32 or check how the model is loaded"))
+    if s["completion_len_mean"] <= 1.0:
+        out.append(Verdict("warn", f"completions are nearly empty ({s['completion_len_mean']:.1f} tokens on "
+                                   "average, the end-of-sequence token included): the model ends at once; check the "
+                                   "prompt format or chat template"))
+    out.sort(key=lambda v: v.level != "fatal")
+    if not out:
+        out.append(Verdict("ok", f"healthy: {trunc:.0%} truncated, {s['zero_spread_frac']:.0%} of groups with "
+                                 "zero spread, every reward varies and is present; the run can learn"))
+    return out
+
+
+def _raise(max_new_tokens: int) -> int:
+    return max_new_tokens * 4
+
+
+def run_preflight(trainer) -> PreflightReport:
+    """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
+    report is fatal on every rank when it is on one."""
+    stats = measure(trainer, trainer.cfg.train.preflight_groups)
+    report = PreflightReport(stats, judge(stats))
+    if trainer.dist.enabled and trainer.dist.any(report.fatal) and not report.fatal:
+        report.verdicts.insert(0, Verdict("fatal", "another process's preflight found that the run cannot learn"))
+    return report
