@@ -79,7 +79,9 @@ def _private_caches(tmp_path, monkeypatch):
 def small(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
     return ["train", f"model.name={model_dir}", "train.steps=2", "train.eval_every=0", "eval.n=4",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "data.train_size=50",
-            "log.plots=false", "log.sample_groups=1", "reward.timeout_s=2", *extra, "--quiet", "--output-dir",
+            "log.plots=false", "log.sample_groups=1", "reward.timeout_s=2",
+            "train.preflight=off",  # reward call k is step k (the preflight would make one more call first)
+            *extra, "--quiet", "--output-dir",
             str(run_dir)]
 
 
@@ -176,7 +178,7 @@ def test_row_reward_returning_none_for_every_sample_stops_with_exit_3(model_dir,
     assert f"--output-dir {run_dir} --resume" in err
     assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
     assert (run_dir / "checkpoints" / "step-000003" / "COMMITTED").is_file()
-    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]  # step 0: accuracy before
 
 
 def test_row_reward_that_always_times_out_stops_with_exit_3(model_dir, tmp_path, capsys):

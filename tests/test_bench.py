@@ -24,7 +24,8 @@ def test_bench_json_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])  # --json: the object is printed last
     assert printed == json.loads(out.read_text())
-    runs = printed["runs"]
+    runs = [r for r in printed["runs"] if r.get("kind") != "vocab"]
+    vocab_runs = [r for r in printed["runs"] if r.get("kind") == "vocab"]
     assert runs[0]["model"] == "builtin" and runs[0]["shape"] == "default"
     models = list(dict.fromkeys(r["model"] for r in runs))
     shapes = list(dict.fromkeys(r["shape"] for r in runs))
@@ -36,6 +37,14 @@ def test_bench_json_quick(tmp_path):
         assert r["gen_tokens"] == r["prompts"] * r["group_size"] * r["completion_tokens"]
         assert set(r["stages"]) == {"generate_s", "reward_s", "logprob_s", "backward_optimizer_s"}
     assert printed["exponents"]["group_size"] and printed["exponents"]["completion_length"]
+    # the real-vocabulary part: two lengths at one N, our update and the floor, and the generation comparison
+    assert printed["models"]["qwen2-vocab152k"]["vocab_size"] == 151_936
+    assert all("vocab_size" in m for m in printed["models"].values())
+    assert len({r["completion_tokens"] for r in vocab_runs}) == 2 and len({r["completions"] for r in vocab_runs}) == 1
+    for r in vocab_runs:
+        assert all(r[k] > 0 for k in ("update_peak_mb", "floor_update_peak_mb", "update_s", "floor_update_s"))
+    assert {g["top_p"] for g in printed["vocab"]["generation"]} == {1.0, 0.9}
+    assert all(g["gen_tokens_per_s"] > 0 and g["hf_generate_tokens_per_s"] > 0 for g in printed["vocab"]["generation"])
     assert {a["check"] for a in printed["acceptance"]}
     assert "step/floor" in proc.stdout and "exponent" in proc.stdout
 

@@ -21,6 +21,9 @@ OpenMP threads waiting on each other inflate it tenfold) but not the work done. 
 synchronize. Ratios are medians of per-repeat ratios. Peak RSS: the process's high-water mark during an untimed first pass of
 each method (freed heap returned with malloc_trim, then the mark reset through /proc/self/clear_refs), which also
 warms the shape up. See bench/README.md for the figures.
+
+Then the real-vocabulary part (bench_vocab.py): a Qwen2-shaped model with 151,936 tokens, the update's peak memory
+and seconds against the naive full-logits floor (entries with "kind": "vocab" in `runs`), and generation there.
 """
 
 from __future__ import annotations
@@ -338,7 +341,8 @@ def run_bench(plan: Plan, log=print) -> dict:
     try:
         for spec in plan.models:
             tok, m, params = _setup(spec, device, dtype, cfg)
-            models[spec.name] = {"params": params, "size": spec.size, "prompt_scale": spec.prompt_scale}
+            models[spec.name] = {"params": params, "size": spec.size, "prompt_scale": spec.prompt_scale,
+                                 "vocab_size": len(tok)}
             for shape in plan.shapes:
                 P = max(1, round(shape.prompts * spec.prompt_scale))
                 prompts = _prompts(shape, task, P)
@@ -478,7 +482,7 @@ def summary(result: dict) -> str:
     title = (f"grpo bench  {result['device']} {result['dtype']}, {result['threads']} thread(s), {result['clock']} "
              f"seconds, medians of {result['repeats']}, run took {result['wall_s']:.0f} s")
     lines = [title, HEADER]
-    lines += [_row(r) for r in result["runs"]]
+    lines += [_row(r) for r in result["runs"] if r.get("kind") != "vocab"]
     lines.append("fitted exponents (slope of log step_s):")
     for e in result["exponents"]["group_size"]:
         lines.append(f"  vs G {e['group_sizes']}  {e['model']}/{e['shape']}: step {e['step']:.2f}   "
@@ -503,10 +507,15 @@ def main(args) -> int:
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
     result = run_bench(plan, log=err)
+    from grpo import bench_vocab  # the real-vocabulary part: update memory/time vs the floor, generation
+
+    vocab = bench_vocab.run_vocab(bench_vocab.quick_plan() if plan.quick else bench_vocab.full_plan(), log=err)
+    bench_vocab.merge_into(result, vocab)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))
+    print(bench_vocab.summary(vocab))
     print(f"wrote {out}")
     if getattr(args, "json", False):
         print(json.dumps(result))

@@ -141,6 +141,9 @@ class OptimConfig(_Section):
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     max_grad_norm: float = Field(1.0, gt=0.0)
     micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward micro-batch")
+    logprob_chunk_tokens: int = Field(256, ge=1, description="completion positions whose logits exist at once when "
+                                      "log-probs are computed from the hidden states (memory: about 3 x this x "
+                                      "vocab x 4 bytes); see docs/scale.md")
 
 
 class TrainConfig(_Section):

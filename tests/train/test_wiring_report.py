@@ -149,7 +149,9 @@ def test_samples_and_metrics_of_a_run_hold_the_rewards_and_advantages(fixed_run)
         assert s["reward_std"] == pytest.approx(population_std(rewards), abs=1e-6)
     every = [REWARDS[text] for g in GROUPS for text, _ in g]
     lengths = [len(text) + ended for g in GROUPS for text, ended in g]
-    for m in read_jsonl(run_dir / "metrics.jsonl"):
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2] and "eval/accuracy" in metrics[0]  # step 0: before training
+    for m in metrics[1:]:
         assert m["reward/mean"] == pytest.approx(sum(every) / 8, abs=1e-6)
         assert m["reward/std"] == pytest.approx(population_std(every), abs=1e-6)
         assert m["adv/zero_std_frac"] == 0.0
@@ -161,11 +163,12 @@ def test_report_of_a_run_matches_its_files(fixed_run):
     run_dir, _ = fixed_run
     assert main(["report", str(run_dir)]) == 0
     page = Page((run_dir / "report.html").read_text())
-    rows = metrics_table(page)[1:]
+    header, *rows = metrics_table(page)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert set(KEYS) <= set(header) and "reward/table" in header  # the fixed columns and one per reward function
     assert [int(r[0]) for r in rows] == [m["step"] for m in metrics]
     for row, m in zip(rows, metrics):
-        assert all(same(cell, m.get(key)) for key, cell in zip(KEYS, row[1:])), (row, m)
+        assert all(same(cell, m.get(key)) for key, cell in zip(header[1:], row[1:])), (row, m)
     samples = read_jsonl(run_dir / "samples.jsonl")
     for table, s in zip(sample_tables(page), samples):
         assert [r[0] for r in table[1:]] == s["completions"]

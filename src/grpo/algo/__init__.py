@@ -17,7 +17,7 @@ from grpo.algo.advantages import (
 )
 from grpo.algo.aggregate import AGGREGATE_MODES, aggregate
 from grpo.algo.kl import KL_KINDS, kl_estimate
-from grpo.algo.logprobs import entropy_from_logits, token_logprobs
+from grpo.algo.logprobs import entropy_from_logits, hidden_token_logprobs, token_logprobs
 from grpo.algo.masked import high_entropy_mask, masked_mean, masked_sum, masked_var, masked_whiten
 from grpo.algo.policy_loss import RATIO_LEVELS, cispo_surrogate, clipped_surrogate
 from grpo.algo.shaping import overlong_penalty
@@ -37,6 +37,7 @@ __all__ = [
     "entropy_from_logits",
     "gae",
     "group_advantages",
+    "hidden_token_logprobs",
     "high_entropy_mask",
     "kl_estimate",
     "masked_mean",

@@ -14,6 +14,15 @@ chunk's softmax when the gradient is needed. The gradients are the exact ones,
 The gradient with respect to the logits, a tensor of the logits' size and dtype, is the only full-size allocation.
 A non-contiguous logits view (e.g. logits[:, :-1]) is copied once, in its own dtype, to flatten it.
 Logits of -inf (a banned token) are allowed: they get probability 0 and contribute 0 to the entropy.
+
+`hidden_token_logprobs` goes one step further for a plain linear output head: it takes the final hidden states
+h (N, T, H) and the head's weight W (V, H) and never forms the (N, T, V) logits at all. Each chunk of rows
+computes its logits x = h W^T, keeps two floats per row (the row's max and sum of exponentials), and drops them;
+the backward pass recomputes each chunk's logits and turns them into the gradients directly,
+    u_t = (onehot(y_t) - softmax(z_t)) * g_t / tau              (chunk, V), g the upstream gradient of logp_t
+    dL/dh_t = u_t W,   dL/dW = sum_t u_t^T h_t
+so the largest temporaries, forward and backward, are a few (chunk_size, V) blocks. The cost is the head's
+matmul twice (forward and recomputed in the backward) instead of keeping its (N, T, V) output.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from torch import Tensor
 
 from grpo.algo._checks import check_number, check_tensor
 
-__all__ = ["token_logprobs", "entropy_from_logits"]
+__all__ = ["token_logprobs", "entropy_from_logits", "hidden_token_logprobs"]
 
 
 def _flat(logits: Tensor) -> Tensor:
@@ -132,3 +141,108 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0, chunk_size:
     """
     _check(logits, temperature, chunk_size)
     return _Entropy.apply(_flat(logits), float(temperature), chunk_size).reshape(logits.shape[:2])
+
+
+# ------------------------------------------------------------------ from hidden states and the head's weight
+def _head_logits(h: Tensor, weight: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """(c, H) @ (V, H)^T -> (c, V) tempered logits in `dtype`, a fresh tensor the caller may overwrite."""
+    z = torch.matmul(h, weight.t())
+    z = z.to(dtype) if z.dtype != dtype else z
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
+    """z (c, V) tempered logits (overwritten) -> (logp of targets, row max m, s = sum exp(z - m), entropy or None),
+    each (c,). logp = (z_y - m) - log s; H = log s - sum_v e_v log e_v / s with e = exp(z - m). Keeping m and s
+    apart (not lse = m + log s) keeps the softmax exp(z - m) / s of the backward pass accurate to one rounding of s
+    at a vocabulary of 150k (lse rounds at the scale of the largest logit)."""
+    m = z.amax(-1, keepdim=True)
+    zm = z.sub_(m)
+    picked = zm.gather(-1, targets[:, None])[:, 0]
+    e = zm.exp_()  # in place: the chunk's one (c, V) block
+    s = e.sum(-1)
+    # sum_v e_v (z_v - m) = sum_v e log e (0 where e underflows to 0), again in place
+    entropy = s.log() - e.xlogy_(e).sum(-1) / s if with_entropy else None
+    return picked - s.log(), m[:, 0], s, entropy
+
+
+class _HiddenTokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int,
+                with_entropy: bool):
+        dtype = _compute_dtype(hidden)
+        rows = hidden.shape[0]
+        logp = torch.empty(rows, dtype=dtype, device=hidden.device)
+        row_max, row_sum = torch.empty_like(logp), torch.empty_like(logp)
+        entropy = torch.empty(rows if with_entropy else 0, dtype=dtype, device=hidden.device)
+        for a, b in _chunks(rows, chunk_size):
+            z = _head_logits(hidden[a:b], weight, temperature, dtype)
+            logp[a:b], row_max[a:b], row_sum[a:b], ent = _chunk_stats(z, targets[a:b], with_entropy)
+            del z
+            if with_entropy:
+                entropy[a:b] = ent
+        ctx.save_for_backward(hidden, weight, targets, row_max, row_sum)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp: Tensor, _grad_entropy):
+        hidden, weight, targets, row_max, row_sum = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        tau, dtype = ctx.temperature, row_max.dtype
+        grad_h = torch.empty_like(hidden) if need_h else None
+        exact = weight.dtype == dtype  # fp32/fp64 weights accumulate in place; narrower ones in float32
+        grad_w = (torch.zeros_like(weight) if exact else torch.zeros_like(weight, dtype=torch.float32)) \
+            if need_w else None
+        for a, b in _chunks(hidden.shape[0], ctx.chunk_size):
+            h = hidden[a:b]
+            g = grad_logp[a:b].to(dtype) / tau  # (c,)
+            u = _head_logits(h, weight, tau, dtype).sub_(row_max[a:b, None]).exp_()  # exp(z - m), in place
+            u.mul_((-g / row_sum[a:b])[:, None]).scatter_add_(-1, targets[a:b, None], g[:, None])  # (onehot - p) g/tau
+            u = u.to(weight.dtype)
+            if need_h:
+                grad_h[a:b] = torch.matmul(u, weight)
+            if need_w:
+                if exact:
+                    grad_w.addmm_(u.t(), h)
+                else:
+                    grad_w += torch.matmul(u.t(), h)
+            del u
+        if need_w and not exact:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None
+
+
+def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
+                          chunk_size: int = 256, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log softmax(hidden @ weight^T / temperature) at targets, without the (N, T, V) logits; differentiable.
+
+    hidden: (N, T, H) final hidden states (after the last norm), any float dtype; weight: (V, H) the output head's
+    weight (a linear head without bias), same dtype; targets: (N, T) integer ids in [0, V).
+    Returns (logp (N, T), entropy (N, T) or None): float32 (float64 for float64 inputs). logp carries gradients to
+    hidden and weight (recomputing each chunk's logits in the backward pass); the entropy of the tempered
+    distribution is computed in the same pass when `with_entropy` and carries no gradient.
+    Peak extra memory: a few (chunk_size, V) float32 blocks, forward and backward (plus a float32 (V, H)
+    gradient accumulator when the weight is narrower than float32).
+    """
+    check_tensor("hidden", hidden, ndim=3)
+    check_tensor("weight", weight, ndim=2)
+    check_tensor("targets", targets, ndim=2)
+    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must share one floating-point dtype")
+    if weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; it must be (vocab, {hidden.shape[-1]}) for hidden "
+                         f"of shape {tuple(hidden.shape)}")
+    if targets.shape != hidden.shape[:2]:
+        raise ValueError(f"targets has shape {tuple(targets.shape)}, but hidden has shape {tuple(hidden.shape)}; "
+                         "targets must be hidden.shape[:2]")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    check_number("temperature", temperature, low=0.0, low_open=True)
+    check_number("chunk_size", chunk_size, low=1, integer=True)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    logp, entropy = _HiddenTokenLogprob.apply(flat, weight, targets.reshape(-1).long(), float(temperature),
+                                              int(chunk_size), bool(with_entropy))
+    return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None

@@ -14,11 +14,32 @@ padding.
 so prompt tokens cost once per group in the forward and in the backward pass, and the output head runs
 only at the T positions that predict completion tokens. The result equals the unshared computation over
 the N full sequences (tests/rollout/test_shared_prefix.py checks logits and gradients in fp32).
+
+`completion_token_logprobs` is what training uses: log p(completion token) (and the entropy) without the
+(N, T, V) logits. For a model whose output head is a plain linear layer (`plain_output_head`), the head's forward
+is replaced, for the one forward that covers the completion positions, by `grpo.algo.hidden_token_logprobs`
+on the final hidden states (chunks of rows, logits recomputed in the backward pass). The replacement runs inside
+the head module's own call, where DDP, FSDP2 (which gathers the head's weight around that call) and peft expect
+the weight to be used. Any other head (a softcap or scale after it, a bias, a LoRA-wrapped or quantised head, forward
+hooks on the head, an architecture not known to be plain) takes the full-logits path, with one log line per model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
+
+log = logging.getLogger("grpo.models")
+
+# architectures whose causal-LM forward returns lm_head(final hidden states) unchanged (no softcap, no scale)
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                                    "phi3", "olmo2"})
+# config fields that post-process the logits in some architectures; set to anything but None/1, not plain
+_HEAD_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                        "lm_head_multiplier")
+DEFAULT_CHUNK_TOKENS = 256
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -71,18 +92,25 @@ def _checkpointing(model) -> bool:
     return False
 
 
-def unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int):
-    """The straightforward computation: every prompt repeated G times, one forward over N full sequences."""
+def unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int,
+                               head=None):
+    """The straightforward computation: every prompt repeated G times, one forward over N full sequences.
+    head: see `completion_logits`."""
     ids = torch.cat([prompt_ids.repeat_interleave(group_size, 0), completion_ids], dim=1)
     mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], dim=1)
     T = completion_ids.shape[1]
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                use_cache=False, logits_to_keep=T + 1)
-    return out.logits[:, :-1]
+    fn = (lambda hidden: head(hidden[:, :-1])) if head is not None else None  # the head sees T+1 positions
+    with replaced_head(model, fn):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                    use_cache=False, logits_to_keep=T + 1)
+    return out.logits if head is not None else out.logits[:, :-1]
 
 
-def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int):
+def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int,
+                      head=None):
     """Logits predicting each completion token. Returns (N, T, V); [:, t] predicts completion token t.
+    head: None, or a function of the final hidden states (N, T, H) that replaces the model's plain output head
+    (`plain_output_head`) for the forward over the completion positions; its output is returned instead.
 
     prompt_ids/prompt_mask: (P, L) left-padded; completion_ids/completion_mask: (N, T) right-padded with
     N = P*G (row i belongs to prompt i // G). Each prompt is computed once for its G completions (see the
@@ -95,19 +123,115 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
         raise ValueError(f"completion rows ({N}) must be prompts ({P}) x group_size ({G})")
     checkpointing = model.training and torch.is_grad_enabled() and _checkpointing(model)
     if G == 1 or L == 1 or checkpointing:  # nothing to share, or no cache (checkpointed layers drop it)
-        return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G)
+        return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
     prompt_mask = prompt_mask.long()
     positions = position_ids_from_mask(prompt_mask)
     out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
                 use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
     if not _shareable(cache):  # sliding-window or other special cache layers
-        return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G)
+        return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
     cache.batch_repeat_interleave(G)  # keys = keys.repeat_interleave(G): autograd sums the G gradients
     ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(G, 0), completion_ids[:, :-1]], dim=1)
     mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask[:, :-1].long()], dim=1)
     start = positions[:, -1:]  # position of the last prompt token (the last column is always a real token)
     pos = (start + torch.arange(T, device=start.device)).repeat_interleave(G, 0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                **cache_kwargs(model, cache))
+    with replaced_head(model, head):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                    **cache_kwargs(model, cache))
     return out.logits
+
+
+# ------------------------------------------------------------------ log-probs without the (N, T, V) logits
+def _base_model(model):
+    """The transformers model under DDP (.module), torch.compile (._orig_mod) and peft (.get_base_model())."""
+    for _ in range(4):
+        inner = getattr(model, "module", None) if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
+            else getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        model = inner
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
+    """(the output head, None) when it is a plain bias-free linear layer whose output the model returns unchanged;
+    else (None, why not)."""
+    base = _base_model(model)
+    config = getattr(base, "config", None)
+    model_type = getattr(config, "model_type", None)
+    for name in _HEAD_POSTPROCESSING:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return None, f"its config sets {name}={getattr(config, name)!r} (logits post-processed)"
+    if model_type not in PLAIN_HEAD_MODEL_TYPES:
+        return None, f"architecture {model_type!r} is not known to return its head's output unchanged"
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return None, f"its output head is a {type(head).__name__}, not a torch.nn.Linear"
+    if head.bias is not None:
+        return None, "its output head has a bias"
+    if "forward" in vars(head):  # e.g. accelerate's offload hooks wrap forward on the instance
+        return None, "its output head's forward is already replaced on the module (hooks such as accelerate's)"
+    if head._forward_hooks:  # a hook may rewrite the logits (e.g. ban a token): it must see them
+        return None, "its output head has forward hooks (they would not see logits)"
+    w = head.weight
+    if not w.is_floating_point() or tuple(w.shape) != (head.out_features, head.in_features):
+        return None, f"its output head's weight is {w.dtype} {tuple(w.shape)} (quantised or packed)"
+    return head, None
+
+
+def plain_output_head(model) -> torch.nn.Module | None:
+    """The model's output head when log-probs can be computed from hidden states and its weight, else None (with
+    one log line per model saying why the full-logits path is taken)."""
+    head, why = _head_problem(model)
+    if head is None and not getattr(model, "_grpo_head_logged", False):
+        log.warning("log-probs take the full (N, T, V) logits path for this model: %s", why)
+        object.__setattr__(model, "_grpo_head_logged", True)
+    return head
+
+
+@contextlib.contextmanager
+def replaced_head(model, fn):
+    """Within the block, the output head's forward is `fn(hidden) -> tensor` (the module's hooks still run, so
+    FSDP2 gathers its weight around it). fn None: nothing replaced."""
+    head = plain_output_head(model) if fn is not None else None
+    if head is None:
+        yield
+        return
+    head.forward = fn  # an instance attribute shadows the class's forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def completion_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, *,
+                              temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_TOKENS,
+                              with_entropy: bool = False, forward_fn=None):
+    """(logp (N, T), entropy (N, T) or None) of the completion tokens; logp differentiable, entropy not.
+
+    Shapes as `completion_logits`. forward_fn: `completion_logits` (default) or `unshared_completion_logits`; it
+    gets `head=` (the chunked log-prob computation on the hidden states) for a plain head, or computes the full
+    logits otherwise (then `token_logprobs` / `entropy_from_logits`, as before).
+    """
+    from grpo.algo import entropy_from_logits, hidden_token_logprobs, token_logprobs
+
+    forward_fn = forward_fn or completion_logits
+    head = plain_output_head(model)
+    if head is None:
+        logits = forward_fn(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size)
+        logp = token_logprobs(logits, completion_ids, temperature=temperature)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), temperature=temperature)
+        return logp, entropy
+    box = {}
+
+    def head_fn(hidden):  # (N, T, H) final hidden states -> (N, T) log-probs; runs inside the head's call
+        logp, box["entropy"] = hidden_token_logprobs(hidden, head.weight, completion_ids, temperature=temperature,
+                                                     chunk_size=chunk_size, with_entropy=with_entropy)
+        return logp
+
+    logp = forward_fn(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size, head=head_fn)
+    return logp, box.get("entropy")

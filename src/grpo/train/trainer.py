@@ -172,12 +172,12 @@ class Trainer:
                             # top-p renormalises the sampler's distribution: its log-probs are not comparable then
                             sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
-        budget, temp = cfg.optim.micro_batch_tokens, cfg.rollout.temperature
+        budget, temp, chunk = cfg.optim.micro_batch_tokens, cfg.rollout.temperature, cfg.optim.logprob_chunk_tokens
         if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
-            batch.old_logp = batch_logprobs(self.policy, batch, budget, temp)
+            batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk)
         if self.ref is not None:
             with self.ref.active() as ref_model:
-                batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp)
+                batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk)
         return batch
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:

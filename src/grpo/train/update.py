@@ -1,8 +1,10 @@
 """The policy update: mu epochs over the rollout batch, micro-batches by token budget, one optimizer step
 per epoch, gradient clipping, and a non-finite guard (a NaN/inf loss or gradient norm skips the step).
 
-Per micro-batch:  logits -> logp (N_mb, T) -> clipped surrogate (+ beta * KL in the loss) -> aggregate with
-the GLOBAL token/sequence counts of the whole batch, so the gradient does not depend on the micro-batching.
+Per micro-batch:  hidden states -> logp (N_mb, T) in chunks of `optim.logprob_chunk_tokens` positions, never the
+(N_mb, T, V) logits (models/forward.py, `completion_token_logprobs`) -> clipped surrogate (+ beta * KL in the
+loss) -> aggregate with the GLOBAL token/sequence counts of the whole batch, so the gradient does not depend on
+the micro-batching.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import aggregate, entropy_from_logits, high_entropy_mask, kl_estimate, masked_mean, token_logprobs
+from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
-from grpo.models.forward import completion_logits
+from grpo.models.forward import DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs
 
 
 @dataclass
@@ -52,16 +54,12 @@ class PolicyBatch:
 
 
 def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
-                        with_entropy: bool = False):
-    """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy if asked)."""
-    logits = _logits_fn(model)(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                               batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size)
-    logp = token_logprobs(logits, batch.completion_ids[rows_n], temperature=temperature)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), temperature=temperature)
-    return logp, entropy
+                        with_entropy: bool = False, chunk_size: int = DEFAULT_CHUNK_TOKENS):
+    """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy, without gradient, if asked)."""
+    return completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+                                     batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size,
+                                     temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+                                     forward_fn=_logits_fn(model))
 
 
 def _logits_fn(model):
@@ -77,9 +75,11 @@ def _logits_fn(model):
 
 
 @torch.no_grad()
-def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float) -> torch.Tensor:
+def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float,
+                   chunk_size: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref)."""
-    parts = [completion_logprobs(model, batch, p, n, temperature)[0] for p, n in batch.group_chunks(token_budget)]
+    parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size)[0]
+             for p, n in batch.group_chunks(token_budget)]
     return torch.cat(parts) * batch.mask
 
 
@@ -111,7 +111,8 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
                                          shared_prefix=_logits_fn(model) is completion_logits))
         for i, (rows_p, rows_n) in enumerate(chunks):
             mask = batch.mask[rows_n]
-            logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True)
+            logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True,
+                                                chunk_size=cfg.optim.logprob_chunk_tokens)
             old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
             token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
                                     clip_high=algo.clip_high, level=algo.ratio_level, dual_clip=algo.dual_clip)

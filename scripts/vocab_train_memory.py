@@ -1,0 +1,63 @@
+"""`grpo train` on the real-vocabulary bench model, with the memory of each policy update measured the way the bench
+measures it (peak resident set during the update above the resident set before it), to compare with the bench's
+`update_peak_mb` for the same N and T.
+
+    python scripts/vocab_train_memory.py [--full-logits] [--steps 3] [--model-dir /tmp/vocab-model] [grpo overrides]
+
+--full-logits forces the full (N, T, V) logits path (what the update did before), for contrast.
+Prints one line per update and a JSON summary on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--full-logits", action="store_true")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--model-dir", default=None)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+
+    from grpo import bench_vocab
+    from grpo.bench import peak_rss_mb, reset_peak_rss
+    from grpo.cli import main as grpo_main
+    from grpo.models import forward
+    from grpo.train import trainer
+
+    model_dir = Path(args.model_dir or Path(tempfile.gettempdir()) / "grpo-vocab152k-model")
+    if not (model_dir / "config.json").exists():
+        bench_vocab.save_vocab_model(model_dir)
+    if args.full_logits:
+        forward.plain_output_head = lambda model: None
+    updates = []
+    inner = trainer.policy_update
+
+    def measured(model, optimizer, scheduler, batch, cfg, dist=None):
+        reset_peak_rss()
+        base = bench_vocab._rss_mb()
+        out = inner(model, optimizer, scheduler, batch, cfg, dist)
+        updates.append({"resident_mb": base, "update_peak_mb": peak_rss_mb() - base,
+                        "completions": int(batch.mask.shape[0]), "completion_tokens": int(batch.mask.shape[1])})
+        print(f"update: N={updates[-1]['completions']} T={updates[-1]['completion_tokens']} resident {base:.0f} MB, "
+              f"peak above it {updates[-1]['update_peak_mb']:.0f} MB", flush=True)
+        return out
+
+    trainer.policy_update = measured
+    out_dir = Path(tempfile.mkdtemp(prefix="grpo-vocab-train-"))
+    rc = grpo_main(["train", f"model.name={model_dir}", f"train.steps={args.steps}", "rollout.prompts_per_step=8",
+                    "rollout.group_size=8", "rollout.max_new_tokens=32", "train.eval_every=0", "eval.n=8",
+                    *args.overrides, "--output-dir", str(out_dir)])
+    print(json.dumps({"full_logits": args.full_logits, "updates": updates,
+                      "run_dir": str(out_dir), "rc": rc}))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
