@@ -217,7 +217,7 @@ class FileTask:
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
             done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
-                               templated=not isinstance(prompt, str)))  # a template wrote its special tokens
+                               templated=self._templated(prompt, uid)))  # a template wrote its special tokens
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
@@ -229,6 +229,14 @@ class FileTask:
             raise DataFileError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
         return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def _templated(self, prompt, uid: str = "") -> bool:
+        """Whether render() put `prompt` through the chat template (then its text holds the special tokens, and
+        grpo.tokens adds none): a conversation always; plain text when data.plain_prompts sends it there."""
+        if not isinstance(prompt, str):
+            return True
+        via_template = getattr(self, "_template_plain_text", None)  # data.plain_prompts, where it exists
+        return bool(via_template is not None and via_template(uid))
 
     @property
     def tokenizer(self):
