@@ -230,6 +230,12 @@ class FileTask:
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
         return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None and self._tokenizer_loader is not None:
+            self._tokenizer = self._tokenizer_loader()
+        return self._tokenizer
+
     def _templated(self, prompt, uid: str = "") -> bool:
         """Whether render() put `prompt` through the chat template (then its text holds the special tokens, and
         grpo.tokens adds none): a conversation always; plain text when data.plain_prompts sends it there."""
@@ -237,12 +243,6 @@ class FileTask:
             return True
         via_template = getattr(self, "_template_plain_text", None)  # data.plain_prompts, where it exists
         return bool(via_template is not None and via_template(uid))
-
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None and self._tokenizer_loader is not None:
-            self._tokenizer = self._tokenizer_loader()
-        return self._tokenizer
 
     def reward_functions(self):
         """The rewards the task was built with (reward.functions), weight 1 each unless given."""
