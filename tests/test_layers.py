@@ -1,6 +1,6 @@
 """The package's layers point one way (docs/ARCHITECTURE.md):
 
-    algo, types, errors  <-  config  <-  models, rewards, tracking  <-  data, rollout, parallel  <-  train
+    algo, types, errors  <-  tokens  <-  config  <-  models, rewards, tracking  <-  data, rollout, parallel  <-  train
         <-  bench_vocab, compare  <-  bench  <-  cli
 
 Every import between grpo's subpackages, at module level or inside a function, must go to a lower layer. Inside a
@@ -17,7 +17,7 @@ import grpo
 
 SRC = Path(grpo.__file__).resolve().parent
 LAYERS = {
-    "algo": 0, "types": 0,
+    "algo": 0, "types": 0, "tokens": 0.5,
     "config": 1, "config_hints": 0, "errors": 0,
     "models": 2, "rewards": 2, "tracking": 2,
     "data": 3, "rollout": 3, "parallel": 3,

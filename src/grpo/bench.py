@@ -44,6 +44,7 @@ import torch
 
 from grpo.tracking.clock import Clock
 from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (bench's figures use them)
+from grpo.tokens import prompt_token_ids
 
 DEFAULT_OUTPUT = Path("bench/results/latest.json")
 MAX_POSITIONS = 512  # positions the bench models support (the long shape needs 320); no parameter depends on it
@@ -129,7 +130,7 @@ def long_prompts(task_prompts, length: int):
     for p in task_prompts:
         room = length - len(p.text)
         preamble = ("Worked examples: " + examples * (1 + length // len(examples)))[:room - 1] + "\n"
-        out.append(Prompt(uid=p.uid, text=preamble + p.text, answer=p.answer, meta=p.meta))
+        out.append(Prompt(uid=p.uid, text=preamble + p.text, answer=p.answer, meta=p.meta, templated=p.templated))
     return out
 
 
@@ -178,7 +179,7 @@ class Workload:
         from transformers import DynamicCache
 
         model, tok, G, T = self.m["floor"], self.tok, self.G, self.T
-        enc = tok([p.text for p in self.prompts], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok.pad({"input_ids": prompt_token_ids(tok, self.prompts)}, return_tensors="pt")  # grpo.tokens
         ids = enc["input_ids"].to(self.device).repeat_interleave(G, 0)
         mask = enc["attention_mask"].to(self.device).repeat_interleave(G, 0)
         model.eval()
@@ -231,7 +232,7 @@ class Workload:
         model, tok, clock, cfg = self.m["floor"], self.tok, self.clock, self.cfg
         model.eval()
         t0 = clock()
-        enc = tok([p.text for p in self.prompts], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok.pad({"input_ids": prompt_token_ids(tok, self.prompts)}, return_tensors="pt")  # grpo.tokens
         out = model.generate(input_ids=enc["input_ids"].to(self.device),
                              attention_mask=enc["attention_mask"].to(self.device), do_sample=True,
                              temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=0,
@@ -382,7 +383,7 @@ def _version(name: str) -> str:
 def _run_entry(spec, shape, G, prompts, tok, res) -> dict:
     step, floor, hf = res["step"], res["floor"], res["hf"]
     P = len(prompts)
-    L = max(len(tok(p.text, add_special_tokens=False)["input_ids"]) for p in prompts)
+    L = max(len(ids) for ids in prompt_token_ids(tok, prompts))
     gen_tokens = P * G * shape.completion_tokens
     return {
         "model": spec.name, "shape": shape.name, "group_size": G, "prompts": P, "prompt_tokens": L,

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from grpo.tokens import prompt_token_ids
+
 VOCAB_SIZE = 151_936
 MODEL_NAME = "qwen2-vocab152k"
 SIZE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -224,7 +226,6 @@ def generation_entries(model, tok, task, plan: VocabPlan, clock, device) -> list
 
     P, G, T = plan.gen
     prompts = task.split("train", P)
-    texts = [p.text for p in prompts]
     out = []
     for top_p in (1.0, 0.9):
         sampler = Sampler(model, tok, max_new_tokens=T, temperature=1.0, top_p=top_p, min_new_tokens=T)
@@ -235,7 +236,7 @@ def generation_entries(model, tok, task, plan: VocabPlan, clock, device) -> list
 
         @torch.no_grad()
         def hf():
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            enc = tok.pad({"input_ids": prompt_token_ids(tok, prompts)}, return_tensors="pt").to(device)
             new = model.generate(**enc, do_sample=True, temperature=1.0, top_p=top_p, top_k=0,
                                  num_return_sequences=G, max_new_tokens=T, min_new_tokens=T,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

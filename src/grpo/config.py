@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from grpo.errors import ConfigError  # the user-error hierarchy lives in grpo.errors; re-exported here
 
@@ -108,7 +108,8 @@ class AlgoConfig(_Section):
     lam: float = Field(1.0, ge=0.0, le=1.0)
     value_clip: float = Field(0.2, gt=0.0)
     value_coef: float = Field(1.0, gt=0.0)
-    value_lr: float = Field(1e-4, gt=0.0)
+    value_lr: float = Field(1e-4, gt=0.0, description="the critic's; 1e-4 is the built-in model's, a model "
+                            "directory gets 1e-5 unless set (grpo.train.defaults)")
     value_model: str | None = Field(None, description="critic init: a checkpoint dir; None = a copy of the policy")
 
     @field_validator("advantage")
@@ -135,7 +136,8 @@ class KLConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(1e-4, gt=0.0, description="1e-4 is the built-in model's; a model directory gets 1e-6 (full "
+                      "fine-tuning) or 1e-5 (LoRA) unless set (grpo.train.defaults, docs/scale.md)")
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
     warmup_steps: int = Field(5, ge=0)
@@ -172,7 +174,8 @@ class TrainConfig(_Section):
 
 class EvalConfig(_Section):
     n: int = Field(500, ge=1, description="held-out problems evaluated (greedy pass@1)")
-    batch_size: int = Field(250, ge=1)
+    batch_size: int = Field(250, ge=1, description="problems per greedy generate call; a model directory gets 64 "
+                            "unless set (grpo.train.defaults)")
     max_new_tokens: int | None = None
 
 
@@ -206,6 +209,15 @@ class ParallelConfig(_Section):
 
 class Config(_Section):
     preset: str = "grpo"
+    # 'section.key's whose value came from a packaged preset only (load_config); not saved, not validated
+    _preset_keys: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @property
+    def preset_keys(self) -> frozenset[str]:
+        return self._preset_keys
+
+    def __eq__(self, other: object) -> bool:  # the values; where they came from (_preset_keys) does not count
+        return isinstance(other, Config) and self.__dict__ == other.__dict__
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -370,21 +382,36 @@ def build_config(data: dict[str, Any]) -> Config:
 
 
 def load_config(source: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Build a config from a preset name or YAML path (default: the 'grpo' preset) plus dotted overrides."""
-    source = "grpo" if source is None else str(source)
-    path = Path(source)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        data = _read_yaml(path)
-    elif (PRESET_DIR / f"{source}.yaml").exists():
-        data = _read_yaml(PRESET_DIR / f"{source}.yaml")
-        data.setdefault("preset", source)
-    else:
-        raise ConfigError(f"unknown preset or file {source!r}; presets: {list_presets()}")
-    if "extends" in data:
-        parent = load_config(data.pop("extends")).to_dict()
-        parent.pop("preset", None)
-        data = _merge(parent, data)
+    """Build a config from a preset name or YAML path (default: the 'grpo' preset) plus dotted overrides.
+
+    Only the keys written in a file or an override count as set (each section's `model_fields_set`); the keys
+    that only a packaged preset set are listed in `cfg.preset_keys` (grpo.train.defaults reads both)."""
+    data, preset_keys = _layer("grpo" if source is None else str(source))
     for text in overrides or []:
         keys, value = parse_override(text)
         _apply_override(data, keys, value)
-    return build_config(data)
+        preset_keys.discard(".".join(keys))
+    cfg = build_config(data)
+    cfg._preset_keys = frozenset(preset_keys)
+    return cfg
+
+
+def _layer(source: str) -> tuple[dict[str, Any], set[str]]:
+    """(the raw data of a preset or YAML file merged over what it extends, the 'section.key's that came from a
+    packaged preset and from no user file)."""
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        data, packaged = _read_yaml(path), False
+    elif (PRESET_DIR / f"{source}.yaml").exists():
+        data, packaged = _read_yaml(PRESET_DIR / f"{source}.yaml"), True
+        data.setdefault("preset", source)
+    else:
+        raise ConfigError(f"unknown preset or file {source!r}; presets: {list_presets()}")
+    own = {f"{section}.{key}" for section, keys in data.items() if isinstance(keys, dict) for key in keys}
+    preset_keys = set(own) if packaged else set()
+    if "extends" in data:
+        parent, parent_keys = _layer(str(data.pop("extends")))
+        parent.pop("preset", None)
+        preset_keys |= parent_keys - own
+        data = _merge(parent, data)
+    return data, preset_keys

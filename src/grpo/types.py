@@ -20,12 +20,16 @@ class Prompt:
     text: the prompt as the model sees it (after any chat template).
     answer: the reference answer, given only to reward functions, never to the policy.
     meta: the data set row's other columns, passed to reward functions as keyword arguments.
+    templated: True when `text` came out of a chat template, which wrote the model's special tokens (BOS) itself:
+        it is tokenized without adding them again; plain text gets them as `tokenizer(text)` adds them
+        (grpo.tokens holds the rule).
     """
 
     uid: str
     text: str
     answer: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    templated: bool = False
 
 
 @dataclass

@@ -244,7 +244,8 @@ class FileTask:
             raise DataFileError(f"split must be 'train' or 'test', got {name!r}")
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
-            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta))
+            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
+                               templated=self._templated(prompt, uid)))  # a template wrote its special tokens
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
@@ -275,6 +276,14 @@ class FileTask:
         if self._tokenizer is None and self._tokenizer_loader is not None:
             self._tokenizer = self._tokenizer_loader()
         return self._tokenizer
+
+    def _templated(self, prompt, uid: str = "") -> bool:
+        """Whether render() put `prompt` through the chat template (then its text holds the special tokens, and
+        grpo.tokens adds none): a conversation always; plain text when data.plain_prompts sends it there."""
+        if not isinstance(prompt, str):
+            return True
+        via_template = getattr(self, "_template_plain_text", None)  # data.plain_prompts, where it exists
+        return bool(via_template is not None and via_template(uid))
 
     def reward_functions(self):
         """The rewards the task was built with (reward.functions), weight 1 each unless given."""

@@ -16,6 +16,7 @@ import inspect
 import logging
 
 from grpo.config import ConfigError
+from grpo.tokens import prompt_token_ids
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
@@ -106,7 +107,7 @@ def check_lengths(train: list[Prompt], test: list[Prompt], tokenizer, cfg) -> tu
     """Prompts over `data.max_prompt_tokens` tokens: DataError naming the row, or dropped with a count."""
     limit, out = cfg.data.max_prompt_tokens, []
     for split, prompts in (("train", train), ("test", test)):
-        ids = tokenizer([p.text for p in prompts], add_special_tokens=False)["input_ids"] if prompts else []
+        ids = prompt_token_ids(tokenizer, prompts) if prompts else []  # as the sampler will feed them
         bad = [(i, f"{len(x)} tokens") for i, x in enumerate(ids) if len(x) > limit or not x]
         if bad and not cfg.data.filter_long_prompts:
             i = bad[0][0]

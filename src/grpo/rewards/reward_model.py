@@ -4,7 +4,9 @@
     rm(prompts, completions)          # -> [float, ...]: the classifier's logit for each prompt + completion
 
 The text scored is prompt + completion, or, for conversational completions when the tokenizer has a chat template,
-the template applied to the prompt messages followed by the completion messages. It runs in the caller's process
+the template applied to the prompt messages followed by the completion messages. Tokenized by grpo.tokens' rule:
+plain text with the tokenizer's special tokens (one BOS even when the prompt text begins with one), templated
+text without (the template wrote them). It runs in the caller's process
 (`in_process = True`: a torch model must not be forked mid-run) and serialises its own calls with a lock.
 transformers is imported only when a RewardModel is built.
 """
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from grpo.rewards.base import completion_text, prompt_text, register_reward
+from grpo.tokens import text_token_ids
 
 __all__ = ["RewardModel"]
 
@@ -78,14 +81,9 @@ class RewardModel:
         with self._lock, torch.inference_mode():
             for i in range(0, len(items), self.batch_size):
                 chunk = items[i : i + self.batch_size]
-                enc = self.tokenizer(
-                    [t for t, _ in chunk],
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    add_special_tokens=not chunk[0][1],
-                ).to(self.device)
+                ids = text_token_ids(self.tokenizer, [t for t, _ in chunk], [f for _, f in chunk],
+                                     for_generation=False, truncation=True, max_length=self.max_length)
+                enc = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
                 logits = self.model(**enc).logits  # (B, num_labels)
                 scores += logits[:, self.score_index].float().cpu().tolist()
         return scores

@@ -23,13 +23,15 @@ import torch
 
 from grpo.models.forward import cache_kwargs, output_cache, position_ids_from_mask
 from grpo.rollout.decode import LeanDecoder, expand_cache
+from grpo.tokens import prompt_token_ids
 from grpo.types import Prompt, Rollouts
 
 
 def encode_prompts(tokenizer, prompts: list[Prompt], max_prompt_tokens: int | None = None):
-    """Left-padded (P, L) ids and mask. Raises ValueError naming the prompt that is empty or too long."""
-    texts = [p.text for p in prompts]
-    enc = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    """Left-padded (P, L) ids and mask, each prompt tokenized by grpo.tokens' rule (plain text with the
+    tokenizer's special tokens, templated text without). Raises ValueError naming the prompt that is empty or
+    too long."""
+    enc = prompt_token_ids(tokenizer, prompts)
     for p, ids in zip(prompts, enc):
         if not ids:
             raise ValueError(f"prompt {p.uid!r} is empty after tokenisation")

@@ -27,6 +27,7 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
+from grpo.train.defaults import report_defaults
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.train.warmup import policy_directory
@@ -50,7 +51,7 @@ class Trainer:
         from grpo.rewards import RewardRunner
 
         t_setup = time.perf_counter()
-        self.cfg = cfg
+        self.cfg = cfg = report_defaults(cfg, console)  # a model directory gets its own defaults (train/defaults.py)
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
         set_seed(cfg.train.seed)

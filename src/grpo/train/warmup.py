@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from grpo.models.forward import position_ids_from_mask
+from grpo.tokens import prompt_token_ids
 
 log = logging.getLogger("grpo.warmup")
 
@@ -24,8 +25,7 @@ log = logging.getLogger("grpo.warmup")
 def demonstration_batch(tokenizer, task, prompts, rng=None):
     """Left-padded (B, S) ids/mask of prompt + demonstration + EOS, and labels (-100 except completion tokens)."""
     rows = []
-    for p in prompts:
-        prompt = tokenizer(p.text, add_special_tokens=False)["input_ids"]
+    for p, prompt in zip(prompts, prompt_token_ids(tokenizer, prompts)):  # as the sampler feeds them in RL
         completion = tokenizer(task.demonstration(p, rng), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + completion, [-100] * len(prompt) + completion))
     S = max(len(r[0]) for r in rows)

@@ -1,0 +1,103 @@
+"""Defaults by model: the settings tuned on the built-in model that a user's model (model.name a directory) gets
+other values for, unless the user set them.
+
+    cfg, notes = model_defaults(cfg)     # a copy with the resolved values; one printable note per change
+
+| key              | built-in model | model directory, full fine-tuning | with LoRA (model.lora_rank > 0) |
+|------------------|----------------|-----------------------------------|---------------------------------|
+| optim.lr         | 1e-4           | 1e-6                              | 1e-5                            |
+| algo.value_lr    | 1e-4           | 1e-5                              | 1e-5                            |
+| eval.batch_size  | 250            | 64                                | 64                              |
+
+1e-4 suits the 0.9M-parameter built-in model and destroys a 0.5B-7B one; 1e-6 is TRL's default and the low end of
+published GRPO recipes for full fine-tuning (1e-6 to 3e-6), 1e-5 the low end of theirs for LoRA (1e-5 to 5e-5).
+The critic's 1e-5 is OpenRLHF's critic learning rate (9e-6). Evaluation prompts do not share a KV cache the way a
+group's do, so 250 distinct prompts at once can exceed the memory a training step needs; 64 stays under the
+default step's 128 sampled rows. docs/scale.md lists the settings that stay the same, and why.
+
+Which value wins, for each key:
+  1. the user's: a command-line override, a key in the user's own YAML file (also one that `extends` a preset),
+     or a field given to the Config in code (pydantic's `model_fields_set`). A run's saved config.yaml holds
+     every resolved value, so `grpo train runs/x/config.yaml` and `--resume` reproduce them;
+  2. a packaged preset's (grpo/presets/*.yaml), tuned on the built-in model: kept as is for the built-in model;
+     for a model directory a learning rate is read as a ratio to the built-in default (the cispo preset's
+     optim.lr 5e-5 is half of 1e-4, so full fine-tuning gets 5e-7), and any other key is kept;
+  3. otherwise the table above.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("grpo.train")
+
+__all__ = ["USER_MODEL_DEFAULTS", "model_defaults", "report_defaults"]
+
+
+@dataclass(frozen=True)
+class ModelDefault:
+    key: str  # "section.field"
+    full: float  # a model directory, full fine-tuning
+    lora: float  # a model directory with LoRA
+    why: str  # what the note says the value is the default for, e.g. "of a user model's critic"
+    ratio: bool = False  # a packaged preset's value scales the default by (preset value / built-in default)
+    used_by: str = ""  # 'gae': resolved always, but noted only when PPO's critic uses it
+
+
+USER_MODEL_DEFAULTS = (
+    ModelDefault("optim.lr", 1e-6, 1e-5, "{kind} of a user model", ratio=True),
+    ModelDefault("algo.value_lr", 1e-5, 1e-5, "the critic of a user model", ratio=True, used_by="gae"),
+    ModelDefault("eval.batch_size", 64, 64, "evaluation of a user model"),
+)
+
+
+def model_defaults(cfg) -> tuple[object, list[str]]:
+    """(a copy of cfg with the model's defaults resolved, one note per value changed). The built-in model
+    (`model.name` 'builtin:...') keeps every value; see the module docstring for the rule."""
+    if cfg.model.name.startswith("builtin:"):
+        return cfg, []
+    out, notes = cfg.model_copy(deep=True), []
+    lora = cfg.model.lora_rank > 0
+    kind = "LoRA fine-tuning" if lora else "full fine-tuning"
+    for d in USER_MODEL_DEFAULTS:
+        section_name, field = d.key.split(".")
+        section = getattr(out, section_name)
+        if field in section.model_fields_set and d.key not in cfg.preset_keys:
+            continue  # the user's own value
+        base = d.lora if lora else d.full
+        builtin = type(section).model_fields[field].default
+        value, why = base, f"default for {d.why.format(kind=kind)}"
+        if d.key in cfg.preset_keys and getattr(section, field) != builtin:
+            current = getattr(section, field)
+            if not d.ratio:
+                continue  # a preset's non-learning-rate setting is kept
+            value = base * current / builtin
+            why += f", {_num(base)}, times the {cfg.preset} preset's {_num(current / builtin)} of the built-in " \
+                   f"{_num(builtin)}"
+        setattr(section, field, type(builtin)(value))  # validated; marks the field as set (saved, reproduced)
+        if d.used_by in ("", cfg.algo.advantage):
+            notes.append(f"{d.key}={_num(getattr(section, field))} ({why}; set {d.key} to change)")
+    out._preset_keys = cfg.preset_keys - {d.key for d in USER_MODEL_DEFAULTS}  # resolved: a second call keeps them
+    return out, notes
+
+
+def report_defaults(cfg, console=None):
+    """model_defaults(cfg), its notes printed (console, else the log) by the first process; returns the config."""
+    cfg, notes = model_defaults(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        for note in notes:
+            if console is not None:
+                console.print(f"[grpo] {note}", soft_wrap=True, markup=False, highlight=False)
+            else:
+                log.info(note)
+    return cfg
+
+
+def _num(x: float) -> str:
+    """1e-06 -> '1e-6', 5e-05 -> '5e-5', 0.5 -> '0.5', 64 -> '64'."""
+    if x == 0 or abs(x) >= 1e-3:
+        return f"{x:g}"
+    mantissa, exponent = f"{x:.6e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"

@@ -1,0 +1,108 @@
+"""Defaults by model (grpo.train.defaults): a model directory gets its own learning rate and evaluation batch unless
+the user set them; the built-in model keeps every value; the resolved values are what the run saves."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_hf import save_tiny_model, small_run, write_chat_jsonl  # noqa: E402
+
+from grpo.config import Config, EvalConfig, ModelConfig, OptimConfig, load_config  # noqa: E402
+from grpo.train.defaults import model_defaults  # noqa: E402
+
+USER = ["model.name=./my-model"]
+
+
+def resolved(source=None, overrides=()):
+    cfg, notes = model_defaults(load_config(source, list(overrides)))
+    return cfg, notes
+
+
+def test_the_builtin_model_keeps_every_value():
+    for preset in (None, "cispo", "ppo"):
+        before = load_config(preset)
+        cfg, notes = model_defaults(before)
+        assert notes == [] and cfg.to_dict() == before.to_dict()
+    assert resolved()[0].optim.lr == 1e-4 and resolved("cispo")[0].optim.lr == 5e-5
+
+
+def test_a_model_directory_gets_safe_defaults_with_the_reason():
+    cfg, notes = resolved(None, USER)
+    assert (cfg.optim.lr, cfg.algo.value_lr, cfg.eval.batch_size) == (1e-6, 1e-5, 64)
+    assert notes[0] == "optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)"
+    assert not any("value_lr" in n for n in notes)  # resolved, but only PPO's critic uses it: no note
+    lora, notes = resolved(None, [*USER, "model.lora_rank=8"])
+    assert lora.optim.lr == 1e-5
+    assert notes[0] == "optim.lr=1e-5 (default for LoRA fine-tuning of a user model; set optim.lr to change)"
+    ppo, notes = resolved("ppo", USER)
+    assert ppo.algo.value_lr == 1e-5 and any(n.startswith("algo.value_lr=1e-5 (") for n in notes)
+
+
+def test_what_the_user_set_wins(tmp_path):
+    cfg, notes = resolved(None, [*USER, "optim.lr=3e-5", "eval.batch_size=250"])  # the command line
+    assert (cfg.optim.lr, cfg.eval.batch_size) == (3e-5, 250) and notes == []
+    own = tmp_path / "mine.yaml"
+    own.write_text("extends: cispo\nmodel:\n  name: ./my-model\noptim:\n  lr: 2.0e-5\n")  # the user's YAML
+    assert resolved(own)[0].optim.lr == 2e-5
+    code = Config(model=ModelConfig(name="./m"), optim=OptimConfig(lr=7e-6), eval=EvalConfig(batch_size=8))
+    cfg, notes = model_defaults(code)  # fields given in code
+    assert (cfg.optim.lr, cfg.eval.batch_size, notes) == (7e-6, 8, [])
+    assert model_defaults(Config(model=ModelConfig(name="./m")))[0].optim.lr == 1e-6  # not given: the default
+
+
+def test_a_presets_learning_rate_is_a_ratio_for_a_model_directory(tmp_path):
+    """cispo halves the built-in lr (two updates per batch): a model directory gets half its own default."""
+    cfg, notes = resolved("cispo", USER)
+    assert cfg.optim.lr == pytest.approx(5e-7)
+    assert notes[0] == ("optim.lr=5e-7 (default for full fine-tuning of a user model, 1e-6, times the cispo preset's "
+                        "0.5 of the built-in 1e-4; set optim.lr to change)")
+    own = tmp_path / "mine.yaml"
+    own.write_text("extends: cispo\nmodel:\n  name: ./my-model\n  lora_rank: 4\n")  # extends without setting lr
+    assert resolved(own)[0].optim.lr == pytest.approx(5e-6)
+    assert resolved("dapo", USER)[0].optim.lr == 1e-6  # dapo sets no lr
+
+
+def test_resolving_twice_and_the_saved_config_change_nothing(tmp_path):
+    cfg, _ = resolved("cispo", USER)
+    again, notes = model_defaults(cfg)
+    assert notes == [] and again.to_dict() == cfg.to_dict()
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml())
+    reloaded, notes = model_defaults(load_config(saved))
+    assert notes == [] and reloaded.to_dict() == cfg.to_dict()
+
+
+def test_extends_marks_only_written_keys_as_set():
+    """The `extends` chain merges the files' own keys: defaults are not 'set' by the preset that is extended."""
+    cfg = load_config("dapo")
+    assert "lr" not in cfg.optim.model_fields_set and "batch_size" not in cfg.eval.model_fields_set
+    assert "algo.drop_zero_std_groups" in cfg.preset_keys and "optim.lr" not in cfg.preset_keys
+    assert load_config("dapo", ["algo.clip_high=0.3"]).preset_keys == cfg.preset_keys - {"algo.clip_high"}
+
+
+def test_the_trainer_prints_uses_and_saves_the_resolved_values(tmp_path):
+    from rich.console import Console
+
+    from grpo.train.trainer import Trainer
+
+    model = save_tiny_model(tmp_path / "model")
+    data = write_chat_jsonl(tmp_path / "d.jsonl")
+    overrides = [o for o in small_run(model, data, tmp_path / "run", "train.steps=1") if not o.startswith("optim.lr")]
+    out = io.StringIO()
+    trainer = Trainer(load_config(None, overrides), console=Console(file=out, width=200))
+    try:
+        assert trainer.cfg.optim.lr == 1e-6
+        assert trainer.optimizer.param_groups[0]["initial_lr"] == 1e-6
+        assert "[grpo] optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)" in \
+            out.getvalue()
+        trainer.train()
+    finally:
+        trainer.close()
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["optim"]["lr"] == 1e-6 and saved["eval"]["batch_size"] == 64
