@@ -169,6 +169,12 @@ def test_row_misspelled_reward_function_says_did_you_mean(model_dir, tmp_path, c
     assert "unknown reward function 'exact_anser' (did you mean 'exact_answer'?)" in err and "reward.functions" in err
 
 
+def test_a_reward_function_named_twice_is_one_message(model_dir, tmp_path, capsys):
+    code, err = run(small(model_dir, tmp_path / "run", "reward.functions=[exact_answer, exact_answer]"), capsys)
+    assert code == 2
+    assert "reward.functions: names must be unique" in err and "exact_answer" in err
+
+
 def test_row_reward_returning_none_for_every_sample_stops_with_exit_3(model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code, err = run(small(model_dir, run_dir, "train.steps=6", "reward.functions=[test_none]"), capsys)

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from grpo.errors import RewardOutputError
+from grpo.errors import ConfigError, RewardOutputError
 from grpo.rewards._fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError, RewardValues
 
@@ -190,11 +190,11 @@ class RewardRunner:
             raise ValueError(f"max_failure_frac must be in [0, 1], got {max_failure_frac!r}")
         self.specs = [self._spec(f) for f in functions]
         if not self.specs:
-            raise ValueError("RewardRunner needs at least one reward function")
+            raise ConfigError("reward.functions: at least one reward function is needed")
         names = [s.name for s in self.specs]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"reward function names must be unique; repeated: {dup}")
+            raise ConfigError(f"reward.functions: names must be unique (each is logged as reward/<name>); repeated: {dup}")
         self.timeout_s = float(timeout_s)
         self.max_failure_frac = float(max_failure_frac)
         self.retry_per_sample = retry_per_sample
@@ -213,14 +213,14 @@ class RewardRunner:
             opts = dict(f[3]) if len(f) == 4 else {}
             bad = set(opts) - {"in_process", "timeout_s"}
             if bad:
-                raise ValueError(f"unknown reward option(s) {sorted(bad)} for {f[0]!r}; known: in_process, timeout_s")
+                raise ConfigError(f"unknown reward option(s) {sorted(bad)} for {f[0]!r}; known: in_process, timeout_s")
             spec = RewardSpec(str(f[0]), f[1], float(f[2]), **opts)
         else:
-            raise ValueError(f"expected (name, fn, weight[, options]), a RewardSpec or a callable, got {f!r:.80}")
+            raise ConfigError(f"expected (name, fn, weight[, options]), a RewardSpec or a callable, got {f!r:.80}")
         if not callable(spec.fn):
-            raise ValueError(f"reward function {spec.name!r} is not callable: {spec.fn!r:.80}")
+            raise ConfigError(f"reward function {spec.name!r} is not callable: {spec.fn!r:.80}")
         if not math.isfinite(spec.weight):
-            raise ValueError(f"reward function {spec.name!r} has a non-finite weight {spec.weight}")
+            raise ConfigError(f"reward function {spec.name!r} has a non-finite weight {spec.weight}")
         if spec.in_process is None:
             spec.in_process = bool(getattr(spec.fn, "in_process", False)) or not FORK_AVAILABLE
         return spec
