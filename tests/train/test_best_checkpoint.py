@@ -17,7 +17,7 @@ from grpo.train.best import read_best
 def scripted(monkeypatch, accuracies: dict[int, float], weights: dict[int, dict]):
     """_evaluate returns accuracies[step] and records the policy's weights at that moment."""
 
-    def fake(trainer):
+    def fake(trainer, progress=None):
         weights[trainer.step_count] = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
         return accuracies[trainer.step_count]
 
