@@ -276,6 +276,17 @@ def _registry_choices(key: str) -> str:
     return "|".join(names) if names else ""
 
 
+def flat_dict(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict with dotted keys: {"optim": {"lr": 1e-4}} -> {"optim.lr": 1e-4}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= flat_dict(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def _type_name(annotation) -> str:
     """'int', 'float | None', or a Literal's choices as 'a|b|c'."""
     if get_origin(annotation) is Literal:

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo.config import ConfigError
+from grpo.config import ConfigError, flat_dict
 
 EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
           "trackio": ("trackio", "trackio"), "mlflow": ("mlflow", "mlflow")}  # name -> (module, extra)
@@ -38,14 +38,6 @@ def _require(name: str):
                           f"({e}): pip install 'grpo[{extra}]'") from e
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _numbers(row: dict) -> dict[str, float]:
@@ -121,7 +113,7 @@ class MlflowTracker:
             local = None if os.environ.get("MLFLOW_TRACKING_URI") else (run_dir / "mlartifacts").resolve().as_uri()
             experiment_id = self.client.create_experiment(project, artifact_location=local)
         self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
-        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
+        params = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in flat_dict(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         self.client.log_dict(self.run_id, config, "config.yaml")

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_model
 
+from grpo.models.builtin import sha256_file
 from grpo.models.lora import unwrap
 
 __all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
@@ -122,12 +123,6 @@ def _fsync_tree(root: Path) -> None:
         _fsync(Path(dirpath))
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _file_table(root: Path) -> dict[str, dict[str, Any]]:
@@ -135,7 +130,7 @@ def _file_table(root: Path) -> dict[str, dict[str, Any]]:
     table = {}
     for p in sorted(q for q in root.rglob("*") if q.is_file() and q.name != MARKER):
         size = p.stat().st_size
-        table[p.relative_to(root).as_posix()] = {"size": size, "sha256": _sha256(p) if size <= _HASH_LIMIT else None}
+        table[p.relative_to(root).as_posix()] = {"size": size, "sha256": sha256_file(p) if size <= _HASH_LIMIT else None}
     return table
 
 
@@ -276,7 +271,7 @@ def _verify(path: Path) -> dict[str, Any]:
         if f.stat().st_size != info["size"]:
             raise CheckpointError(f"checkpoint {path}: file {rel} has {f.stat().st_size} bytes, the manifest "
                                   f"says {info['size']} (truncated or overwritten)")
-        if info.get("sha256") and _sha256(f) != info["sha256"]:
+        if info.get("sha256") and sha256_file(f) != info["sha256"]:
             raise CheckpointError(f"checkpoint {path}: file {rel} does not match its sha256 (corrupt)")
         if rel.endswith(".safetensors"):
             try:

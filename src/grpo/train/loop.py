@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.config import ConfigError, build_config
+from grpo.config import ConfigError, build_config, flat_dict
 from grpo.errors import HealthGuardError, Preempted
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.tracking.clock import RunClock
@@ -60,19 +60,9 @@ class NonFiniteError(HealthGuardError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def check_resume_config(saved: dict, current: dict, printer) -> None:
     """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes."""
-    old, new = _flat(saved), _flat(current)
+    old, new = flat_dict(saved), flat_dict(current)
     bad = [k for k in INCOMPATIBLE if old.get(k) != new.get(k)]
     if bad:
         raise ConfigError("cannot resume: these settings differ from the checkpoint's run: " + ", ".join(
