@@ -175,6 +175,13 @@ def test_a_reward_function_named_twice_is_one_message(model_dir, tmp_path, capsy
     assert "reward.functions: names must be unique" in err and "exact_answer" in err
 
 
+def test_a_missing_optional_package_names_its_extra(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError, as when it is not installed
+    code, err = run(small(model_dir, tmp_path / "run", "model.lora_rank=4"), capsys)
+    assert code == 2
+    assert "model.lora_rank > 0 needs peft: pip install 'grpo[lora]'" in err
+
+
 def test_row_reward_returning_none_for_every_sample_stops_with_exit_3(model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     code, err = run(small(model_dir, run_dir, "train.steps=6", "reward.functions=[test_none]"), capsys)

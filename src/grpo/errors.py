@@ -3,7 +3,8 @@
     GrpoError
     ├── UserError (a ValueError)        bad input: a config value, data file, model or run directory, reward name
     │   ├── ConfigError                   a config key, value or file            (also `grpo.config.ConfigError`)
-    │   │   └── DataFileError             a data set file, row or column         (also `grpo.data.files.DataFileError`)
+    │   │   ├── DataFileError             a data set file, row or column         (also `grpo.data.files.DataFileError`)
+    │   │   └── MissingExtraError         a setting needs an optional package (`pip install 'grpo[...]'`)
     │   ├── ModelDirError                 a model or tokenizer directory that cannot be loaded
     │   ├── RewardOutputError             a reward function's output breaks the protocol (NaN, wrong count, ...)
     │   └── RunDirError                   a run directory (`grpo report`) that is not one
@@ -28,7 +29,7 @@ from __future__ import annotations
 import signal
 
 __all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError", "GrpoError",
-           "HealthGuardError", "ModelDirError", "Preempted", "RewardOutputError", "RunDirError", "RunStopped",
+           "HealthGuardError", "MissingExtraError", "ModelDirError", "Preempted", "RewardOutputError", "RunDirError", "RunStopped",
            "UserError"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USER, EXIT_HEALTH = 0, 1, 2, 3
@@ -53,6 +54,10 @@ class ConfigError(UserError):
 class DataFileError(ConfigError):
     """A data set file (or Hub data set) that cannot be used; the message names the file, and the line, row or
     column."""
+
+
+class MissingExtraError(ConfigError, ImportError):
+    """A setting needs an optional package that is not installed; the message names the pip extra."""
 
 
 class ModelDirError(UserError):

@@ -46,8 +46,10 @@ def apply_lora(model, model_cfg):
     """Wrap `model` in a peft LoRA model; base weights are frozen, adapters (B = 0 at start) train."""
     try:
         from peft import LoraConfig, get_peft_model
-    except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise ImportError("model.lora_rank > 0 needs peft: pip install 'grpo[lora]'") from e
+    except ImportError as e:  # depends on the optional extra
+        from grpo.errors import MissingExtraError
+
+        raise MissingExtraError("model.lora_rank > 0 needs peft: pip install 'grpo[lora]'") from e
     r = model_cfg.lora_rank
     targets = model_cfg.lora_target_modules
     config = LoraConfig(r=r, lora_alpha=model_cfg.lora_alpha or 2 * r, lora_dropout=model_cfg.lora_dropout,

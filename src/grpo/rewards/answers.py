@@ -110,7 +110,9 @@ def _math_verify_module() -> Any:
     try:
         mv = importlib.import_module("math_verify")
     except ImportError as e:
-        raise ImportError("the 'math_verify' reward needs the math-verify package: pip install 'grpo[math]'") from e
+        from grpo.errors import MissingExtraError
+
+        raise MissingExtraError("the 'math_verify' reward needs the math-verify package: pip install 'grpo[math]'") from e
     # We pass timeouts of None (math-verify's signal.alarm fails off the main thread); the runner's forked child
     # with a hard kill is the timeout. Silence math-verify's one-time "timeout disabled" warning accordingly.
     for sub in ("parser", "grader"):
