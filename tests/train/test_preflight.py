@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from train_helpers import eos_logit
+
 from grpo.train.preflight import PreflightError, judge, measure, run_preflight
 
 HEALTHY = {"groups": 4, "group_size": 8, "max_new_tokens": 32, "truncated_frac": 0.1, "zero_spread_frac": 0.25,
@@ -82,17 +84,6 @@ def test_fatal_verdicts_come_first():
 
 
 # ------------------------------------------------------------------------------------------- measured
-def eos_logit(trainer, value: float):
-    eos = trainer.tokenizer.eos_token_id
-
-    def hook(module, args, out):
-        out = out.clone()
-        out[..., eos] = value
-        return out
-
-    return trainer.policy.get_output_embeddings().register_forward_hook(hook)
-
-
 def constant(prompts, completions, **kw):
     return [1.0] * len(completions)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from train_helpers import varied_reward
+from train_helpers import eos_logit, varied_reward
 
 from grpo.algo import group_advantages
 from grpo.config import ConfigError, load_config
@@ -63,18 +63,6 @@ def in_process(fn):
 def finite_metrics(metrics: dict, allow_nan: tuple[str, ...] = ()) -> None:
     bad = {k: v for k, v in metrics.items() if not math.isfinite(v) and k not in allow_nan}
     assert not bad, f"non-finite metrics: {bad}"
-
-
-def eos_logit(trainer, value: float):
-    """Force the EOS logit of every forward pass to `value` (+50: EOS first; -inf: never ends)."""
-    eos = trainer.tokenizer.eos_token_id
-
-    def hook(module, args, out):
-        out = out.clone()
-        out[..., eos] = value
-        return out
-
-    return trainer.policy.get_output_embeddings().register_forward_hook(hook)
 
 
 # ----------------------------------------------------------------------------------------------- rows 1, 20

@@ -43,6 +43,18 @@ def varied_reward(prompts, completions, **columns):
 varied_reward.in_process = True
 VARIED = [("test_varied", varied_reward, 1.0)]
 
+
+def eos_logit(trainer, value: float):
+    """Force the EOS logit of every forward pass to `value` (+50: EOS first; -inf: never ends)."""
+    eos = trainer.tokenizer.eos_token_id
+
+    def hook(module, args, out):
+        out = out.clone()
+        out[..., eos] = value
+        return out
+
+    return trainer.policy.get_output_embeddings().register_forward_hook(hook)
+
 def snapshot(trainer) -> dict:
     """What an exact resume must reproduce: parameters, optimizer moments, learning rate, scheduler position,
     step, data position, the next P prompts and the global torch RNG. Consumes P prompts of trainer.stream."""
