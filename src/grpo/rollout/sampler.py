@@ -92,6 +92,9 @@ class Sampler:
     max_prompt_tokens: int | None = None
     min_new_tokens: int = 0
 
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to do: the sampler decodes with the training model itself (rollout/engine.py's contract)."""
+
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], n: int, *,
                  generator: torch.Generator | list[torch.Generator] | None = None,
