@@ -1,6 +1,6 @@
 """The package's layers point one way (docs/ARCHITECTURE.md):
 
-    algo, types, errors  <-  tokens  <-  config  <-  models, rewards, tracking  <-  data, rollout, parallel  <-  train
+    algo, types, errors  <-  tokens  <-  config  <-  models, rewards, tracking  <-  envs  <-  data, rollout, parallel  <-  train
         <-  bench_vocab, compare  <-  bench  <-  cli
 
 Every import between grpo's subpackages, at module level or inside a function, must go to a lower layer. Inside a
@@ -20,7 +20,7 @@ LAYERS = {
     "algo": 0, "types": 0, "tokens": 0.5,
     "config": 1, "config_hints": 0, "errors": 0,
     "models": 2, "rewards": 2, "tracking": 2,
-    "data": 3, "rollout": 3, "parallel": 3,
+    "data": 3, "rollout": 3, "parallel": 3, "envs": 2.5,
     "train": 4,
     "bench_vocab": 5, "compare": 5, "bench": 5.5,
     "cli": 6, "__init__": 6, "__main__": 6,
