@@ -30,6 +30,8 @@ class EnvReply:
     """The environment's answer to one policy turn.
 
     message: text appended as the environment's turn (a tool result), or None when the episode ends.
+    role: the chat role the message is rendered under when the prompt came out of a chat template ("tool" for a
+        tool result, "user" for feedback); a plain-text prompt gets the message's text as it is.
     done: True ends the episode after this turn.
     reward: the episode's reward, when the environment scores it itself (only read when done); None means the
         task's reward functions score the final policy turn.
@@ -38,6 +40,7 @@ class EnvReply:
     """
 
     message: str | None = None
+    role: str = "tool"
     done: bool = False
     reward: float | None = None
     tool_calls: int = 0
