@@ -216,7 +216,7 @@ def test_code_task_training_rewards_run_the_programs_in_the_sandbox(make_trainer
     trainer = make_trainer("data.task=code", "rollout.max_new_tokens=64", "rollout.group_size=4",
                            reward_functions=None)
     trainer.sampler = CodeSampler(trainer.tokenizer, [], max_new_tokens=64)
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert metrics["reward/tests"] == 0.5 and metrics["reward/format"] == 0.75
     assert metrics["reward/mean"] == pytest.approx((1.1 + 0.1 + 1.1 + 0.0) / 4)
     assert len(sandbox_spy) == 3 * 2

@@ -49,16 +49,16 @@ def nan_logits_at(monkeypatch, steps: set[int], trainer) -> None:
 def test_nan_logits_skip_the_step_and_leave_everything_unchanged(make_trainer, monkeypatch):
     trainer = make_trainer("train.steps=3")
     nan_logits_at(monkeypatch, {2}, trainer)
-    assert trainer.step()["train/skipped_updates"] == 0
+    assert trainer.step().metrics["train/skipped_updates"] == 0
     before, moments, sched = params(trainer.policy), optimizer_state(trainer.optimizer), trainer.scheduler.last_epoch
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert metrics["train/skipped_updates"] == 1
     assert same(before, params(trainer.policy)), "a NaN step changed the parameters"
     after = optimizer_state(trainer.optimizer)
     assert all(torch.equal(moments[i][k], after[i][k]) for i in moments for k in moments[i])
     assert trainer.scheduler.last_epoch == sched
     assert all(p.grad is None for p in trainer.policy.parameters())
-    assert trainer.step()["train/skipped_updates"] == 0  # training continues
+    assert trainer.step().metrics["train/skipped_updates"] == 0  # training continues
     assert not same(before, params(trainer.policy))
 
 
@@ -68,12 +68,12 @@ def test_non_finite_gradient_norm_skips_the_step(make_trainer):
     before = params(trainer.policy)
     weight = trainer.policy.get_input_embeddings().weight
     hook = weight.register_hook(lambda g: torch.full_like(g, float("inf")))
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     hook.remove()
     assert metrics["train/skipped_updates"] == 1
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k.startswith("loss/"))
     assert same(before, params(trainer.policy))
-    assert trainer.step()["train/skipped_updates"] == 0
+    assert trainer.step().metrics["train/skipped_updates"] == 0
     assert not same(before, params(trainer.policy))
 
 

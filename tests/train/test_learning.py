@@ -32,7 +32,7 @@ def test_the_default_preset_raises_the_reward(make_trainer):
     trainer = make_trainer(f"train.steps={STEPS}", "data.train_size=4", "rollout.prompts_per_step=4",
                            "rollout.group_size=8", "rollout.max_new_tokens=4", "optim.lr=0.01",
                            "optim.warmup_steps=0", reward_functions=[digit_share])
-    rewards = [trainer.step()["reward/mean"] for _ in range(STEPS)]
+    rewards = [trainer.step().metrics["reward/mean"] for _ in range(STEPS)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"[learning] first {first:.3f} last {last:.3f}: {[round(r, 2) for r in rewards]}")
     assert first < 0.3

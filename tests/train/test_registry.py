@@ -89,7 +89,7 @@ def test_trainer_uses_a_registered_policy_loss(make_trainer, scratch_registry):
     for name in ("clip", "double_test"):
         torch.manual_seed(0)
         trainer = make_trainer(f"algo.policy_loss={name}", "algo.clip_high=0.3", "algo.dual_clip=3.0")
-        losses[name] = trainer.step()["loss/policy"]
+        losses[name] = trainer.step().metrics["loss/policy"]
     assert seen == [(0.2, 0.3, "token", 3.0)]
     assert losses["clip"] != 0.0
     assert losses["double_test"] == pytest.approx(-2 * losses["clip"], rel=1e-5)

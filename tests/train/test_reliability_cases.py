@@ -88,7 +88,8 @@ def test_row_2_3_all_equal_rewards_give_zero_advantage_no_nan_and_a_warning(make
     constant = in_process(lambda prompts, completions, **kw: [1.0] * len(completions))
     trainer = make_trainer("train.steps=3", reward_functions=[("constant", constant, 1.0)])
     trainer.train()
-    assert torch.equal(trainer.last_adv, torch.zeros_like(trainer.last_adv))
+    for row in read_jsonl(tmp_path / "run" / "samples.jsonl"):
+        assert row["advantages"] == [0.0] * len(row["advantages"])
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")[1:]  # [0]: step 0, the accuracy before training
     for r in rows:
         assert r["adv/zero_std_frac"] == 1.0 and r["adv/abs_mean"] == 0.0 and r["reward/std"] == 0.0
@@ -102,11 +103,12 @@ def test_row_4_none_rewards_are_missing_with_zero_advantage(make_trainer):
     maybe = in_process(lambda prompts, completions, answer, **kw: [None if a == "bad" else 1.0 + 0.1 * len(c)
                                                                    for c, a in zip(completions, answer)])
     trainer = make_trainer(task=ListTask(GOOD_BAD), reward_functions=[("maybe", maybe, 1.0)])
-    metrics = trainer.step()
-    bad = torch.tensor([p.uid == "bad" for p in trainer.last_rollouts.prompts]).repeat_interleave(2)
+    result = trainer.step()
+    metrics = result.metrics
+    bad = torch.tensor([p.uid == "bad" for p in result.rollouts.prompts]).repeat_interleave(2)
     assert metrics["reward/missing_frac"] == 0.5 and metrics["reward/maybe/missing_frac"] == 0.5
-    assert torch.isnan(trainer.last_scores.total[bad]).all()
-    assert torch.equal(trainer.last_adv[bad], torch.zeros(2)) and torch.isfinite(trainer.last_adv).all()
+    assert torch.isnan(result.scores.total[bad]).all()
+    assert torch.equal(result.advantages[bad], torch.zeros(2)) and torch.isfinite(result.advantages).all()
     finite_metrics(metrics)
 
 
@@ -130,10 +132,11 @@ def test_row_6_raising_rewards_are_missing_logged_once_and_abort_above_the_limit
 
     trainer = make_trainer(task=ListTask(GOOD_BAD), reward_functions=[("fragile", in_process(fragile), 1.0)])
     with caplog.at_level(logging.WARNING, logger="grpo.rewards"):
-        metrics = trainer.step()
+        result = trainer.step()
+    metrics = result.metrics
     assert metrics["reward/fragile/error_frac"] == 0.5 and metrics["reward/missing_frac"] == 0.5
-    bad = torch.tensor([p.uid == "bad" for p in trainer.last_rollouts.prompts]).repeat_interleave(2)
-    assert torch.equal(trainer.last_adv[bad], torch.zeros(2))
+    bad = torch.tensor([p.uid == "bad" for p in result.rollouts.prompts]).repeat_interleave(2)
+    assert torch.equal(result.advantages[bad], torch.zeros(2))
     assert caplog.text.count("ZeroDivisionError: cannot score this one") == 1
     always = in_process(lambda prompts, completions, **kw: 1 / 0)
     with pytest.raises(RewardFunctionError, match="reward function 'always' raised on 4/4 samples"):
@@ -149,11 +152,12 @@ def test_row_7_a_hanging_reward_is_killed_at_the_timeout_and_missing(make_traine
     trainer = make_trainer("reward.timeout_s=0.5", task=ListTask(GOOD_BAD), reward_functions=[("hangs", hangs, 1.0)])
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     t0 = time.monotonic()
-    metrics = trainer.step()
+    result = trainer.step()
+    metrics = result.metrics
     assert time.monotonic() - t0 < 0.5 * 2 + 4.0  # at most about 2 x timeout_s, plus the step itself
     assert metrics["reward/hangs/timeout_frac"] == 0.5 and metrics["reward/missing_frac"] == 0.5
-    bad = torch.tensor([p.uid == "bad" for p in trainer.last_rollouts.prompts]).repeat_interleave(2)
-    assert torch.isnan(trainer.last_scores.total[bad]).all() and not torch.isnan(trainer.last_scores.total[~bad]).any()
+    bad = torch.tensor([p.uid == "bad" for p in result.rollouts.prompts]).repeat_interleave(2)
+    assert torch.isnan(result.scores.total[bad]).all() and not torch.isnan(result.scores.total[~bad]).any()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         left = [p for p in psutil.Process().children(recursive=True) if p.pid not in children]
@@ -167,13 +171,14 @@ def test_row_7_a_hanging_reward_is_killed_at_the_timeout_and_missing(make_traine
 def test_row_9_empty_completions_give_a_finite_zero_loss(make_trainer):
     trainer = make_trainer()
     eos_logit(trainer, 50.0)
-    metrics = trainer.step()
-    assert trainer.last_rollouts.texts == [""] * 4 and metrics["rollout/len_mean"] == 1.0  # EOS only
+    result = trainer.step()
+    metrics = result.metrics
+    assert result.rollouts.texts == [""] * 4 and metrics["rollout/len_mean"] == 1.0  # EOS only
     assert metrics["loss/policy"] == 0.0
     finite_metrics(metrics)
     # A batch where no completion has an unmasked token: the denominators are clamped, the loss is 0, and a fresh
     # optimizer leaves the parameters unchanged.
-    batch = trainer._policy_batch(trainer.last_rollouts)
+    batch = trainer._policy_batch(result.rollouts)
     batch.mask = torch.zeros_like(batch.mask)
     batch.adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
@@ -187,7 +192,6 @@ def test_row_10_all_truncated_completions_train_finitely_with_a_warning(make_tra
     trainer = make_trainer("train.steps=3")
     eos_logit(trainer, float("-inf"))
     trainer.train()
-    assert bool(trainer.last_rollouts.truncated.all())
     assert "100% of completions hit rollout.max_new_tokens without ending" in capsys.readouterr().out
     for r in read_jsonl(trainer.run_dir / "metrics.jsonl")[1:]:
         assert r["rollout/truncated_frac"] == 1.0 and math.isfinite(r["loss/policy"])
@@ -209,7 +213,7 @@ def test_row_12_over_long_prompts_are_dropped_with_a_count_when_configured(make_
         trainer = make_trainer("data.max_prompt_tokens=64", "data.filter_long_prompts=true", task=ListTask(LONG))
     assert [p.uid for p in trainer.train_prompts] == ["a", "b"]
     assert "dropped 1 of 3 train prompts" in caplog.text and "dropped 1 of 3 test prompts" in caplog.text
-    finite_metrics(trainer.step())
+    finite_metrics(trainer.step().metrics)
 
 
 @pytest.fixture
@@ -258,9 +262,9 @@ def test_row_15_duplicate_prompts_stay_separate_groups(make_trainer):
     by_answer = in_process(lambda prompts, completions, answer, **kw: [float(a) + (sum(map(ord, c)) % 7) / 10
                                                                       for c, a in zip(completions, answer)])
     trainer = make_trainer(task=ListTask(rows), reward_functions=[("by_answer", by_answer, 1.0)])
-    trainer.step()
-    assert sorted(p.uid for p in trainer.last_rollouts.prompts) == ["first", "second"]
-    adv, total = trainer.last_adv, trainer.last_scores.total
+    result = trainer.step()
+    assert sorted(p.uid for p in result.rollouts.prompts) == ["first", "second"]
+    adv, total = result.advantages, result.scores.total
     assert torch.equal(adv, group_advantages(total, 2))
     assert abs(float(adv[:2].sum())) < 1e-4 and abs(float(adv[2:].sum())) < 1e-4  # merged, they would not be
 
@@ -269,8 +273,7 @@ def test_row_15_duplicate_prompts_stay_separate_groups(make_trainer):
 @pytest.mark.parametrize("shift", [50.0, -50.0])
 def test_row_16_an_extreme_log_ratio_keeps_the_loss_finite(shift, make_trainer):
     trainer = make_trainer()
-    trainer.step()
-    batch = trainer._policy_batch(trainer.last_rollouts)
+    batch = trainer._policy_batch(trainer.step().rollouts)
     batch.adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     batch.old_logp = batch_logprobs(trainer.policy, batch, 10**6, 1.0) - shift  # stale pi_old: ratio e^(+-50)
     out = policy_update(trainer.policy, trainer.optimizer, trainer.scheduler, batch, trainer.cfg)
@@ -287,7 +290,7 @@ def test_row_19_beta_above_0_loads_a_frozen_reference_and_beta_0_none(make_train
         assert ref is not trainer.policy and not ref.training
         assert not any(p.requires_grad for p in ref.parameters())
         assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), trainer.policy.state_dict().values()))
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert math.isfinite(metrics["loss/kl"]) and metrics["policy/kl"] >= 0.0
     finite_metrics(metrics)
 

@@ -32,7 +32,7 @@ def test_a_step_of_only_truncated_completions_changes_nothing(make_trainer, monk
 
     monkeypatch.setattr(trainer, "_generate", all_truncated)
     before = params(trainer.policy)
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert metrics["adv/abs_mean"] > 0  # the rewards still differ: only the loss is masked
     assert metrics["loss/policy"] == 0.0
     assert all(torch.equal(v, params(trainer.policy)[k]) for k, v in before.items())
@@ -41,7 +41,7 @@ def test_a_step_of_only_truncated_completions_changes_nothing(make_trainer, monk
 def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, monkeypatch):
     """rollout/logp_diff: the sampler's log-probs against the trainer's on the same tokens (first epoch)."""
     trainer = make_trainer()
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert 0.0 <= metrics["rollout/logp_diff"] < 1e-4  # fp32, the same weights: the same policy
     generate = trainer._generate
 
@@ -51,8 +51,8 @@ def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, 
         return rollouts
 
     monkeypatch.setattr(trainer, "_generate", shifted)
-    assert trainer.step()["rollout/logp_diff"] == pytest.approx(0.5, abs=1e-3)
-    assert "rollout/logp_diff" not in make_trainer("rollout.top_p=0.9", run_dir=trainer.run_dir.parent / "p").step()
+    assert trainer.step().metrics["rollout/logp_diff"] == pytest.approx(0.5, abs=1e-3)
+    assert "rollout/logp_diff" not in make_trainer("rollout.top_p=0.9", run_dir=trainer.run_dir.parent / "p").step().metrics
 
 
 def test_top_entropy_quantile_keeps_that_share_of_the_tokens(make_trainer):
@@ -65,14 +65,14 @@ def test_top_entropy_quantile_keeps_that_share_of_the_tokens(make_trainer):
         return seen["rollouts"]
 
     trainer._generate = record
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     tokens = int(seen["rollouts"].completion_mask.sum())
     assert 0.25 <= metrics["policy/entropy_kept_frac"] <= 0.25 + 1.0 / tokens + 1e-6
     lone = make_trainer("algo.top_entropy_quantile=1e-9", run_dir=trainer.run_dir.parent / "lone")
     lone._generate = record
-    metrics = lone.step()  # only the one highest-entropy token of the batch
+    metrics = lone.step().metrics  # only the one highest-entropy token of the batch
     assert metrics["policy/entropy_kept_frac"] == pytest.approx(1.0 / int(seen["rollouts"].completion_mask.sum()))
-    assert "policy/entropy_kept_frac" not in make_trainer(run_dir=trainer.run_dir.parent / "all").step()
+    assert "policy/entropy_kept_frac" not in make_trainer(run_dir=trainer.run_dir.parent / "all").step().metrics
 
 
 def test_the_entropy_mask_multiplies_the_loss(make_trainer, monkeypatch):
@@ -82,6 +82,6 @@ def test_the_entropy_mask_multiplies_the_loss(make_trainer, monkeypatch):
     monkeypatch.setattr(update, "high_entropy_mask", lambda entropy, mask, q: torch.zeros_like(mask, dtype=torch.bool))
     trainer = make_trainer("algo.top_entropy_quantile=0.5")
     before = params(trainer.policy)
-    metrics = trainer.step()
+    metrics = trainer.step().metrics
     assert metrics["loss/policy"] == 0.0 and metrics["policy/entropy_kept_frac"] == 0.0
     assert all(torch.equal(v, params(trainer.policy)[k]) for k, v in before.items())

@@ -353,5 +353,5 @@ def fixed_step(make_trainer, s: Setting, *extra: str, batches=None, before=None)
     trainer.sampler = sampler
     initial = copy.deepcopy(trainer.policy)
     spy = StepSpy(trainer.optimizer, trainer.policy)
-    spy.metrics = trainer.step()
+    spy.metrics = trainer.step().metrics
     return trainer, spy, sampler.calls, initial

@@ -25,6 +25,7 @@ import math
 import shlex
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -46,6 +47,9 @@ from grpo.train.checkpoint import (
 )
 from grpo.train.guards import RewardGuard
 from grpo.train.preemption import PreemptionGuard
+
+if TYPE_CHECKING:
+    from grpo.train.trainer import StepResult
 
 log = logging.getLogger("grpo.train")
 
@@ -139,9 +143,10 @@ def _evaluate(trainer, progress=None) -> float:
         return trainer.evaluate(progress=progress)["accuracy"]
 
 
-def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | None) -> None:
-    cfg, r = trainer.cfg, trainer.last_rollouts
-    G, total, adv = r.group_size, trainer.last_scores.total.tolist(), trainer.last_adv.tolist()
+def _log_samples(cfg, result: StepResult, writer: JsonlWriter, step: int, printer: RunConsole | None) -> None:
+    """samples.jsonl: the first log.sample_groups groups of the step (and one printed every log.print_group_every)."""
+    r = result.rollouts
+    G, total, adv = r.group_size, result.scores.total.tolist(), result.advantages.tolist()
     show = cfg.log.print_group_every and step % cfg.log.print_group_every == 0
     for g in range(min(cfg.log.sample_groups if not show else max(cfg.log.sample_groups, 1), len(r.prompts))):
         rows = range(g * G, (g + 1) * G)
@@ -251,9 +256,9 @@ class _Run:
     def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb=None) -> None:
         trainer, cfg = self.trainer, self.cfg
         with self.clock.time("rl_steps"):
-            metrics = trainer.step()
-        step = trainer.step_count
-        uids = [p.uid for p in trainer.last_rollouts.prompts]
+            result = trainer.step()
+        step, metrics = trainer.step_count, result.metrics
+        uids = [p.uid for p in result.rollouts.prompts]
         if metrics["train/skipped_updates"] > 0:
             self.nan_streak, self.skipped_total = self.nan_streak + 1, self.skipped_total + 1
             self.out(f"[grpo] step {step}: non-finite loss or gradient norm, the update was skipped "
@@ -268,7 +273,7 @@ class _Run:
             self.note_accuracy(step, self.accuracy)
         metrics_file.write({"step": step, **metrics})
         self.trackers.log({"step": step, **metrics})
-        _log_samples(trainer, samples_file, step, self.con)
+        _log_samples(cfg, result, samples_file, step, self.con)
         for warning in self.health.observe(metrics):
             self.out(f"[grpo] warning: {warning}")
         self.con.update(step, metrics, self.accuracy)

@@ -26,3 +26,19 @@ def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None
         return 1.0
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def guarded_step(params, optimizer, scheduler, max_grad_norm: float, finite: bool) -> torch.Tensor | None:
+    """The optimizer step of the policy and of the critic, after the gradients of one update are in place: clip the
+    gradient norm to `max_grad_norm`, then step the optimizer and the schedule; a non-finite loss (`finite` False,
+    agreed by every rank) or gradient norm skips the step and clears the gradients (never apply a non-finite
+    update). Returns the gradient norm before clipping (0-d; FSDP: the whole model's), or None when skipped."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if finite else None
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if not finite or not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    scheduler.step()
+    return grad_norm

@@ -32,7 +32,7 @@ from grpo.algo import (
 )
 from grpo.models.value import ValueModel
 from grpo.parallel import SINGLE, all_reduce_grads
-from grpo.train.optim import build_optimizer
+from grpo.train.optim import build_optimizer, guarded_step
 
 __all__ = ["Critic", "build_value_model", "token_rewards"]
 
@@ -168,13 +168,10 @@ class Critic:
             if finite and d.enabled:
                 self._all_reduce_grads(params)
                 loss_sum, clipped = d.reduce([loss_sum, clipped])
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm) if finite else None
-            if not finite or not torch.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+            grad_norm = guarded_step(params, self.optimizer, self.scheduler, cfg.optim.max_grad_norm, finite)
+            if grad_norm is None:  # a non-finite loss or gradient norm: skipped, the gradients cleared
                 out["critic/skipped_updates"] += 1
                 continue
-            self.optimizer.step()
-            self.scheduler.step()
             out["loss/value"] += loss_sum / cfg.algo.epochs
             out["critic/grad_norm"] += float(grad_norm) / cfg.algo.epochs
             out["critic/clip_frac"] += clipped / float(num_tokens) / cfg.algo.epochs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
+from grpo.rewards.runner import RewardResult
 from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.defaults import report_defaults
@@ -41,6 +43,22 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+@dataclass
+class StepResult:
+    """What one `Trainer.step()` did; the loop logs it (metrics.jsonl, samples.jsonl, the guards).
+
+    rollouts: the `Rollouts` trained on (P groups of G, N = P*G completions; this process's share).
+    scores: their `RewardResult` (total (N,), NaN = missing; per_function; metrics).
+    advantages: (N,) group advantages, or (N, T) per token for PPO (GAE).
+    metrics: the step's floats (the job's, the same on every rank with several processes).
+    """
+
+    rollouts: Rollouts
+    scores: RewardResult
+    advantages: torch.Tensor
+    metrics: dict[str, float]
 
 
 class Trainer:
@@ -96,31 +114,27 @@ class Trainer:
         self.setup_s = time.perf_counter() - t_setup  # counted in the run's wall time (train/loop.py)
 
     # ------------------------------------------------------------------ one step
-    def step(self) -> dict[str, float]:
-        """One GRPO (or PPO) step on the next P prompts; returns its metrics."""
-        cfg, t0 = self.cfg, time.perf_counter()
-        rollouts, scores, gen_s, reward_s = self._rollouts_and_rewards()           # rollout/ + rewards/
-        batch = self._policy_batch(rollouts)                                       # old/ref log-probs when needed
+    def step(self) -> StepResult:
+        """One GRPO (or PPO) step on the next P prompts, one line a stage (docs/ARCHITECTURE.md walks through it)."""
+        t0 = time.perf_counter()
+        rollouts, scores, gen_s, reward_s = self._sample_and_score()  # rollout/ + rewards/ (DAPO: resample)
+        batch = self._policy_batch(rollouts)                           # the update's tensors, on the training device
+        self._old_and_ref_logprobs(batch)                              # pi_old (mu > 1, PPO), pi_ref (beta > 0)
         t1 = time.perf_counter()
-        if self.critic is None:
-            batch.adv = self._group_advantages(scores.total)                       # algo/: group baseline
-            metrics = {}
-        else:
-            batch.adv, metrics = self.critic.advantages(batch, scores.total)       # algo/: GAE with the critic
-        metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, cfg, self.dist)  # train/
+        batch.adv, metrics = self._advantages(batch, scores.total)     # algo/registry.py; PPO: GAE with the critic
+        metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.cfg, self.dist,
+                                 kl_in_loss=self.critic is None)       # PPO: the KL is in the reward, not the loss
         if self.critic is not None:
-            metrics |= self.critic.update(batch)
+            metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1
-        gen_tokens = int(rollouts.completion_mask.sum())
         metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
-        metrics |= {"perf/step_s": time.perf_counter() - t0, "perf/generate_s": gen_s, "perf/reward_s": reward_s,
-                    "perf/update_s": time.perf_counter() - t1, "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
-                    "perf/peak_rss_mb": peak_rss_mb()}
-        self.last_rollouts, self.last_scores, self.last_adv = rollouts, scores, batch.adv
-        return self.dist.reduce_metrics(metrics)  # several processes: the job's metrics, the same on every rank
+        metrics |= self._perf_metrics(rollouts, t0, t1, gen_s, reward_s)
+        # several processes: the job's metrics, the same on every rank
+        return StepResult(rollouts, scores, batch.adv, self.dist.reduce_metrics(metrics))
 
-    def _rollouts_and_rewards(self):
-        """Sample and score; with algo.drop_zero_std_groups (DAPO) keep sampling until P informative groups."""
+    def _sample_and_score(self):
+        """Sample and score -> (rollouts, scores, generate seconds, reward seconds); with algo.drop_zero_std_groups
+        (DAPO) keep sampling until P informative groups."""
         cfg, P, G = self.cfg, self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
         kept_r, kept_s, gen_s, reward_s = [], [], 0.0, 0.0
         rounds = cfg.algo.max_resample_batches if cfg.algo.drop_zero_std_groups else 1
@@ -182,13 +196,25 @@ class Trainer:
                             # top-p renormalises the sampler's distribution: its log-probs are not comparable then
                             sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
+        return batch
+
+    def _old_and_ref_logprobs(self, batch: PolicyBatch) -> None:
+        """Fill batch.old_logp (pi_old: mu > 1 or PPO; mu = 1 leaves it None, the ratio is 1 and pi_old is
+        logp.detach()) and batch.ref_logp (pi_ref: kl.coef > 0), each (N, T), without gradients."""
+        cfg = self.cfg
         budget, temp, chunk = cfg.optim.micro_batch_tokens, cfg.rollout.temperature, cfg.optim.logprob_chunk_tokens
-        if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
+        if cfg.algo.epochs > 1 or self.critic is not None:
             batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk)
         if self.ref is not None:
             with self.ref.active() as ref_model:
                 batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk)
-        return batch
+
+    def _advantages(self, batch: PolicyBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """(N,) rewards -> advantages and their metrics: (N,) from the group estimator algo.advantage, or PPO's
+        (N, T) GAE from the critic (it reads batch.old_logp and batch.ref_logp for the KL in the reward)."""
+        if self.critic is not None:
+            return self.critic.advantages(batch, rewards)
+        return self._group_advantages(rewards), {}
 
     def _group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         """(N,) rewards -> (N,) advantages from the registered estimator algo.advantage (grpo.algo.registry)."""
@@ -207,6 +233,13 @@ class Trainer:
         out["adv/zero_std_frac"] = float(zero_std_groups(total, G).float().mean())
         out["adv/abs_mean"] = float(adv.abs().mean())
         return out
+
+    def _perf_metrics(self, rollouts: Rollouts, t0: float, t1: float, gen_s: float, reward_s: float) -> dict:
+        """perf/*: the step's seconds (t0: its start, t1: the update's start), generation speed, peak memory."""
+        gen_tokens = int(rollouts.completion_mask.sum())
+        return {"perf/step_s": time.perf_counter() - t0, "perf/generate_s": gen_s, "perf/reward_s": reward_s,
+                "perf/update_s": time.perf_counter() - t1, "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                "perf/peak_rss_mb": peak_rss_mb()}
 
     @staticmethod
     def _rollout_metrics(rollouts: Rollouts) -> dict[str, float]:
@@ -263,8 +296,6 @@ class Trainer:
 
 def select_groups(scores, groups: list[int], group_size: int):
     """The RewardResult rows of the given groups (dynamic sampling keeps only informative groups)."""
-    from grpo.rewards import RewardResult
-
     rows = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
     return RewardResult(total=scores.total[rows], per_function={k: v[rows] for k, v in scores.per_function.items()},
                         missing=scores.missing[rows], metrics=scores.metrics)
@@ -272,8 +303,6 @@ def select_groups(scores, groups: list[int], group_size: int):
 
 def concat_scores(parts):
     """Join the RewardResults of several generation rounds; metrics are those of the first round."""
-    from grpo.rewards import RewardResult
-
     if len(parts) == 1:
         return parts[0]
     return RewardResult(total=torch.cat([p.total for p in parts]), missing=torch.cat([p.missing for p in parts]),

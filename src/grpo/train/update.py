@@ -16,6 +16,7 @@ import torch
 from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
 from grpo.models.forward import DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs
+from grpo.train.optim import guarded_step
 
 
 @dataclass
@@ -83,80 +84,122 @@ def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: fl
     return torch.cat(parts) * batch.mask
 
 
-def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=None) -> dict[str, float]:
-    """mu epochs of the clipped-surrogate update; returns averaged metrics (floats).
+@dataclass
+class MicroBatchLoss:
+    """The loss of one micro-batch and what it logs.
 
-    dist (grpo.parallel.Dist, data-parallel): `batch` is this rank's share; the counts are the job's, each rank's
-    loss is scaled by world_size against DDP's gradient averaging, so the gradient is the 1-process one, and every
-    rank runs the same number of backward passes (a non-finite loss is skipped jointly, after the backward).
+    loss: 0-d, what backward() takes: the aggregated policy loss (+ kl.coef * the KL term when the KL is in the loss).
+    policy_loss: 0-d detached, the aggregated policy loss alone (loss/policy).
+    forward_metrics: contributions known from the forward pass (KL, the entropy mask's share, the sampler's log-prob
+        gap), logged even when the loss is not finite (they show where a NaN came from).
+    backward_metrics: contributions logged only when the micro-batch was backpropagated.
+    Each contribution is a 0-d tensor already weighted by the micro-batch's share, so the update sums them.
+    """
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    forward_metrics: dict[str, torch.Tensor]
+    backward_metrics: dict[str, torch.Tensor]
+
+
+def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cfg, *, num_tokens: torch.Tensor,
+                     num_seqs: int, kl_in_loss: bool, first_epoch: bool) -> MicroBatchLoss:
+    """The loss of the whole groups rows_p (prompts) / rows_n (completions, n of them) of `batch`.
+
+    logp (n, T) from hidden states in chunks -> algo.policy_loss (grpo.algo.registry) per token (n, T) -> the
+    high-entropy mask (algo.top_entropy_quantile < 1) -> aggregate with the batch's GLOBAL counts num_tokens (0-d)
+    and num_seqs, so the micro-batching does not change the gradient; + kl.coef * KL(pi || pi_ref) when kl_in_loss
+    (PPO puts its KL in the reward instead: the caller decides). first_epoch: also log the sampler's log-prob gap.
+    """
+    algo, kl_cfg = cfg.algo, cfg.kl
+    loss_fn = policy_loss_fn(algo.policy_loss)  # grpo.algo.registry: clip, cispo, or a user's registered loss
+    mask = batch.mask[rows_n]
+    logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True,
+                                        chunk_size=cfg.optim.logprob_chunk_tokens)
+    old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
+    token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                            level=algo.ratio_level, dual_clip=algo.dual_clip)
+    weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
+    forward: dict[str, torch.Tensor] = {}
+    if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
+        keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
+        token_loss = token_loss * keep
+        forward["policy/entropy_kept_frac"] = weight * masked_mean(keep.float(), mask)
+    agg = dict(mode=algo.aggregate, num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
+    policy_loss = aggregate(token_loss, mask, **agg)
+    loss = policy_loss
+    if first_epoch and batch.sampler_logp is not None:
+        diff = (logp.detach() - batch.sampler_logp[rows_n]).abs()
+        forward["rollout/logp_diff"] = weight * masked_mean(diff, mask)
+    if batch.ref_logp is not None:
+        kl = kl_estimate(logp, batch.ref_logp[rows_n], kind=kl_cfg.estimator)
+        kl_term = aggregate(kl, mask, **agg)
+        if kl_in_loss and kl_cfg.coef > 0:
+            loss = loss + kl_cfg.coef * kl_term
+        forward["loss/kl"] = kl_term.detach()
+        forward["policy/kl"] = weight * masked_mean(kl.detach(), mask)
+    backward = {"loss/policy": policy_loss.detach(), "policy/entropy": weight * masked_mean(entropy, mask)}
+    for key in ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+        backward[f"policy/{key}"] = weight * m[key]
+    return MicroBatchLoss(loss, policy_loss.detach(), forward, backward)
+
+
+FIRST_EPOCH = ("rollout/logp_diff",)  # metrics of the policy that sampled: the first epoch's, not averaged
+
+
+def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=None, *,
+                  kl_in_loss: bool = True) -> dict[str, float]:
+    """mu = algo.epochs passes over `batch`, each one guarded optimizer step (train/optim.py `guarded_step`) on the
+    gradient of the micro-batches' losses (`micro_batch_loss`); returns averaged metrics (floats).
+
+    kl_in_loss: add kl.coef * KL(pi || pi_ref) to the loss (when batch.ref_logp is set); the trainer passes False
+    for PPO, whose KL is in the reward. dist (grpo.parallel.Dist, data-parallel): `batch` is this rank's share; the
+    counts are the job's, each rank's loss is scaled by world_size against DDP's gradient averaging, so the gradient
+    is the 1-process one, and every rank runs the same number of backward passes (a non-finite loss is skipped
+    jointly, after the backward).
     """
     from grpo.parallel import SINGLE, backward_sync
 
     dist = dist or SINGLE
-    algo, kl_cfg = cfg.algo, cfg.kl
-    use_kl_loss = kl_cfg.coef > 0 and batch.ref_logp is not None and algo.advantage != "gae"
-    loss_fn = policy_loss_fn(algo.policy_loss)  # grpo.algo.registry: clip, cispo, or a user's registered loss
-    num_tokens = batch.mask.sum()
-    num_seqs = batch.mask.shape[0]
+    num_tokens, num_seqs = batch.mask.sum(), batch.mask.shape[0]
     if dist.enabled:
         counts = dist.reduce([float(num_tokens), float(num_seqs)])
         num_tokens, num_seqs = num_tokens.new_tensor(counts[0]), int(counts[1])
     sums: dict[str, float] = {}
     first_epoch: dict[str, float] = {}  # metrics of the policy that sampled (before any update of this batch)
     skipped = 0
-    for epoch in range(algo.epochs):
+    for epoch in range(cfg.algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
         chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
                                          shared_prefix=_logits_fn(model) is completion_logits))
         for i, (rows_p, rows_n) in enumerate(chunks):
-            mask = batch.mask[rows_n]
-            logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True,
-                                                chunk_size=cfg.optim.logprob_chunk_tokens)
-            old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
-            token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
-                                    clip_high=algo.clip_high, level=algo.ratio_level, dual_clip=algo.dual_clip)
-            weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
-            if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
-                keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
-                token_loss = token_loss * keep
-                _add(sums, "policy/entropy_kept_frac", weight * masked_mean(keep.float(), mask))
-            agg = dict(mode=algo.aggregate, num_tokens=num_tokens, num_seqs=num_seqs, max_len=cfg.rollout.max_new_tokens)
-            policy_loss = aggregate(token_loss, mask, **agg)
-            loss = policy_loss
-            if epoch == 0 and batch.sampler_logp is not None:
-                diff = (logp.detach() - batch.sampler_logp[rows_n]).abs()
-                _add(first_epoch, "rollout/logp_diff", weight * masked_mean(diff, mask))
-            if batch.ref_logp is not None:
-                kl = kl_estimate(logp, batch.ref_logp[rows_n], kind=kl_cfg.estimator)
-                kl_term = aggregate(kl, mask, **agg)
-                if use_kl_loss:
-                    loss = loss + kl_cfg.coef * kl_term
-                _add(sums, "loss/kl", kl_term.detach())
-                _add(sums, "policy/kl", weight * masked_mean(kl.detach(), mask))
-            if not torch.isfinite(loss):
+            mb = micro_batch_loss(model, batch, rows_p, rows_n, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                  kl_in_loss=kl_in_loss, first_epoch=epoch == 0)
+            for key, value in mb.forward_metrics.items():
+                _add(first_epoch if key in FIRST_EPOCH else sums, key, value)
+            if not torch.isfinite(mb.loss):
                 finite = False
                 if not dist.enabled:
                     break
             with backward_sync(model, dist, sync=i == len(chunks) - 1):  # one gradient all-reduce per update
-                (loss * dist.world_size if dist.enabled else loss).backward()
-            _add(sums, "loss/policy", policy_loss.detach())
-            _add(sums, "policy/entropy", weight * masked_mean(entropy, mask))
-            for key in ("clip_frac", "clip_frac_low", "clip_frac_high", "ratio_mean"):
-                _add(sums, f"policy/{key}", weight * m[key])
-        finite = dist.all(finite)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm) if finite else None
-        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor
-            grad_norm = grad_norm.full_tensor()
-        if not finite or not torch.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)  # never apply a non-finite update
+                (mb.loss * dist.world_size if dist.enabled else mb.loss).backward()
+            for key, value in mb.backward_metrics.items():
+                _add(sums, key, value)
+        grad_norm = guarded_step(model.parameters(), optimizer, scheduler, cfg.optim.max_grad_norm,
+                                 dist.all(finite))
+        if grad_norm is None:
             skipped += 1
             continue
-        optimizer.step()
-        scheduler.step()
         _add(sums, "policy/grad_norm", grad_norm)
-    out = {k: float(v) / algo.epochs for k, v in sums.items()} | {k: float(v) for k, v in first_epoch.items()}
-    if dist.enabled:  # the ranks' shares of the global sums; the gradient norm is already the job's
+    return _update_metrics(sums, first_epoch, skipped, cfg.algo.epochs, scheduler, dist)
+
+
+def _update_metrics(sums: dict, first_epoch: dict, skipped: int, epochs: int, scheduler, dist) -> dict[str, float]:
+    """The update's metrics: sums averaged over the epochs, the first epoch's as they are; the job's with several
+    processes (each rank holds its share of the global sums; the gradient norm is already the job's)."""
+    out = {k: float(v) / epochs for k, v in sums.items()} | {k: float(v) for k, v in first_epoch.items()}
+    if dist.enabled:
         keys = sorted(k for k in out if k != "policy/grad_norm")
         out |= dict(zip(keys, dist.reduce([out[k] for k in keys])))
     out.setdefault("loss/kl", 0.0)
