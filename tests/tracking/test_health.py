@@ -46,3 +46,20 @@ def test_the_zero_spread_advice_fits_where_the_prompts_come_from():
     assert "data.difficulty" in task_warning  # only the built-in tasks have difficulty levels
     assert "data.difficulty" not in file_warning and "data file" in file_warning and "reward" in file_warning
     assert "rollout.group_size" in file_warning and "100% of groups" in file_warning
+
+
+def test_a_resumed_monitor_warns_as_the_uninterrupted_one():
+    """state_dict()/load_state_dict(): streaks, fired warnings and the flat-reward window survive a resume."""
+    steps = [HEALTHY | {"rollout/truncated_frac": 0.9, "reward/mean": 0.5}] * 4 + [HEALTHY | {"reward/mean": 0.5}] * 4
+    straight = HealthMonitor(patience=3, flat_window=6)
+    expected = [straight.observe(m) for m in steps]
+    first = HealthMonitor(patience=3, flat_window=6)
+    got = [first.observe(m) for m in steps[:2]]  # stopped mid-streak, before anything fired
+    resumed = HealthMonitor(patience=3, flat_window=6)
+    resumed.load_state_dict(first.state_dict())
+    got += [resumed.observe(m) for m in steps[2:]]
+    assert got == expected
+    assert [i for i, w in enumerate(expected) if w] == [2, 5]  # truncation after 3 steps, flat reward after 6
+    fresh = HealthMonitor(patience=3, flat_window=6)
+    fresh.load_state_dict({})
+    assert [fresh.observe(m) for m in steps[2:]] != expected[2:]  # without the state, the streak starts again

@@ -84,4 +84,4 @@ def test_the_wall_time_parts_add_up():
     assert summary == {"time/model_s": 1.5, "time/eval_s": 2.0, "time/rl_steps_s": 30.0, "time/save_s": 0.0,
                        "time/other_s": 6.5}
     assert breakdown(summary) == "model 1.5 s, evaluations 2.0 s, RL steps 30 s, saving 0.0 s, other 6.5 s"
-    assert RunClock(clock.state()).summary(40.0) == summary
+    assert RunClock(clock.state_dict()).summary(40.0) == summary

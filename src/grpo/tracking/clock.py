@@ -24,8 +24,11 @@ LABELS = {"model": "model", "eval": "evaluations", "rl_steps": "RL steps", "save
 
 
 class RunClock:
+    """Seconds per part of the run (PARTS); `saved`: a `state_dict()` of a checkpoint, whose parts carry on."""
+
     def __init__(self, saved: dict | None = None):
-        self.parts = {k: float((saved or {}).get(k, 0.0)) for k in PARTS}
+        self.parts = {k: 0.0 for k in PARTS}
+        self.load_state_dict(saved or {})
 
     def add(self, part: str, seconds: float) -> None:
         self.parts[part] += seconds
@@ -38,8 +41,11 @@ class RunClock:
         finally:
             self.add(part, time.perf_counter() - t0)
 
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         return dict(self.parts)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.parts = {k: float(state.get(k, 0.0)) for k in PARTS}
 
     def summary(self, wall_s: float) -> dict:
         """summary.json's time/<part>_s keys; other = wall - the parts (never below 0)."""

@@ -43,12 +43,26 @@ ZERO_STD_ADVICE = {
 
 @dataclass
 class HealthMonitor:
+    """Feeds on each step's metrics (`observe`); `state_dict()`/`load_state_dict()` carry it across a resume."""
+
     data_file: bool = False  # the prompts come from data.path (the advice differs)
     patience: int = 3
     flat_window: int = 20
     _streak: dict[str, int] = field(default_factory=dict)
     _fired: set[str] = field(default_factory=set)
     _rewards: list[float] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to warn as this one would: the warnings fired, the current streaks, and the
+        mean rewards of the flat-reward window (JSON-able)."""
+        return {"fired": sorted(self._fired), "streak": dict(self._streak),
+                "rewards": list(self._rewards[-self.flat_window:])}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()` ({} = a fresh monitor)."""
+        self._fired = set(state.get("fired", []))
+        self._streak = dict(state.get("streak", {}))
+        self._rewards = list(state.get("rewards", []))
 
     def observe(self, metrics: dict[str, float]) -> list[str]:
         """Feed one step's metrics; returns the warnings that fire now (each at most once per run)."""

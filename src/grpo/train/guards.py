@@ -37,13 +37,16 @@ class RewardGuard:
 
     def __init__(self, weights: dict[str, float], limit: int, state: dict | None = None) -> None:
         self.weights, self.limit = dict(weights), int(limit)
-        state = state or {}
-        self.streak: dict[str, int] = dict(state.get("streak", {}))
-        self.first: dict[str, int] = dict(state.get("first", {}))
-        self.warned: set[str] = set(state.get("warned", []))
+        self.load_state_dict(state or {})
 
     def state_dict(self) -> dict:
         return {"streak": dict(self.streak), "first": dict(self.first), "warned": sorted(self.warned)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict()` ({} = a fresh guard)."""
+        self.streak: dict[str, int] = dict(state.get("streak", {}))
+        self.first: dict[str, int] = dict(state.get("first", {}))
+        self.warned: set[str] = set(state.get("warned", []))
 
     def observe(self, step: int, metrics: dict[str, float]) -> tuple[RewardsMissing | None, list[str]]:
         """(the error to raise or None, warnings to print) after step `step` with these metrics."""

@@ -170,16 +170,14 @@ class _Run:
             trainer, trainer.cfg, trainer.run_dir, con, con.print, guard)
         self.start_step = trainer.step_count
         self.t_start = time.time() - getattr(trainer, "setup_s", 0.0)  # the wall time includes the model load
-        self.clock = RunClock(state.get("times"))  # summary.json's time/* parts
+        self.clock = RunClock(state.get("times"))  # summary.json's time/* parts, carried on from the checkpoint
         self.clock.add("model", getattr(trainer, "model_s", 0.0))
         self.wall_before = state.get("wall_s", 0.0)
         self.acc_before, self.accuracy = state.get("accuracy_before"), state.get("accuracy")
         self.skipped_total, self.nan_streak = state.get("skipped_steps", 0), state.get("nan_streak", 0)
         self.last_saved = trainer.step_count if state else None  # resumed: that step's checkpoint exists
         self.health = HealthMonitor(data_file=self.cfg.data.path is not None)
-        h = state.get("health", {})
-        self.health._fired, self.health._streak = set(h.get("fired", [])), dict(h.get("streak", {}))
-        self.health._rewards = list(h.get("rewards", []))
+        self.health.load_state_dict(state.get("health", {}))
         specs = getattr(getattr(trainer, "rewards", None), "specs", [])
         self.reward_guard = RewardGuard({s.name: s.weight for s in specs}, self.cfg.reward.max_missing_steps,
                                         state.get("reward_guard"))
@@ -187,12 +185,11 @@ class _Run:
         self.trackers = Trackers([])
 
     def state(self) -> dict:
-        h = self.health
         return {"accuracy_before": self.acc_before, "accuracy": self.accuracy, "skipped_steps": self.skipped_total,
                 "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
-                "times": self.clock.state(),
+                "times": self.clock.state_dict(),
                 "config": self.cfg.to_dict(), "best": self.best,
-                "health": {"fired": sorted(h._fired), "streak": h._streak, "rewards": h._rewards[-h.flat_window:]},
+                "health": self.health.state_dict(),
                 "reward_guard": self.reward_guard.state_dict()}
 
     def evaluate(self) -> float:
