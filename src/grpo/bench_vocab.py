@@ -262,10 +262,11 @@ def run_vocab(plan: VocabPlan, log=print) -> dict:
     from grpo.tracking.clock import Clock
     from grpo.config import Config
     from grpo.data.arithmetic import ArithmeticTask
+    from grpo.models.loading import resolve_dtype
     from grpo.train.optim import build_optimizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = resolve_dtype("auto", device)  # the training's rule (models/loading.py)
     clock = Clock(device)
     cfg = Config()
     tok = vocab_tokenizer()

@@ -39,6 +39,7 @@ from typing import Any
 
 from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_of, explain_failure
 from grpo.errors import DataFileError
+from grpo.rewards.specs import reward_specs
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
@@ -290,7 +291,7 @@ class FileTask:
         return list(self._specs)
 
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        _name, fn, _weight = self._judge
+        fn = self._judge[1]
         columns = {k: [v] for k, v in prompt.meta.items()}
         value = fn([prompt.text], [completion], answer=[prompt.answer], **columns)[0]
         return value is not None and float(value) >= float(getattr(fn, "max_reward", 1.0)) - 1e-9
@@ -331,21 +332,10 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
                      f"{type(value).__name__}")
 
 
-def _reward_specs(reward_functions) -> list[tuple[str, Callable, float]]:
-    """(name, fn, weight) of each reward: a registered name, a (name, fn[, weight]) spec or a function."""
+def _reward_specs(reward_functions) -> list[tuple]:
+    """(name, fn, weight) of each reward (grpo.rewards.specs: a name, a function or a (name, fn[, weight]) tuple)."""
     if not reward_functions:
         raise DataFileError("a data set file needs reward functions (reward.functions)")
-    specs = []
-    for r in reward_functions:
-        if isinstance(r, str):
-            from grpo.rewards import get_reward_function
-            from grpo.rewards.references import reference_name  # 'my_rewards.py:accuracy' logs as 'accuracy'
-
-            specs.append((reference_name(r), get_reward_function(r), 1.0))
-        elif isinstance(r, tuple):
-            specs.append((r[0], r[1], float(r[2]) if len(r) > 2 else 1.0))
-        else:
-            specs.append((getattr(r, "__name__", "reward"), r, 1.0))
-    return specs
+    return reward_specs(reward_functions)
 
 

@@ -43,8 +43,9 @@ import torch
 from grpo.errors import ConfigError, RewardOutputError
 from grpo.rewards._fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError, RewardValues
+from grpo.rewards.specs import reward_spec
 
-__all__ = ["RewardRunner", "RewardResult", "RewardSpec"]
+__all__ = ["RewardRunner", "RewardResult", "RewardSpec", "reward_mean_std"]
 
 logger = logging.getLogger("grpo.rewards")
 
@@ -71,6 +72,15 @@ class RewardResult:
     metrics: dict[str, float]
     status: dict[str, list[str]] = field(default_factory=dict)  # per sample: ok | none | error | timeout
     tracebacks: dict[str, str] = field(default_factory=dict)  # last traceback of each function that raised
+
+
+def reward_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
+    """(mean, population std) of the present rewards of `rewards` (any shape, NaN = missing); (nan, nan) when none
+    is present. The one rule for reward/mean, reward/std and samples.jsonl's reward_mean/reward_std."""
+    present = rewards[~torch.isnan(rewards)]
+    if not present.numel():
+        return float("nan"), float("nan")
+    return float(present.mean()), float(present.std(correction=0))
 
 
 class _Invalid(Exception):
@@ -207,20 +217,13 @@ class RewardRunner:
     def _spec(f: Any) -> RewardSpec:
         if isinstance(f, RewardSpec):
             spec = f
-        elif callable(f):
-            spec = RewardSpec(getattr(f, "__name__", type(f).__name__), f)
-        elif isinstance(f, (tuple, list)) and len(f) in (3, 4):
-            opts = dict(f[3]) if len(f) == 4 else {}
-            bad = set(opts) - {"in_process", "timeout_s"}
-            if bad:
-                raise ConfigError(f"unknown reward option(s) {sorted(bad)} for {f[0]!r}; known: in_process, timeout_s")
-            spec = RewardSpec(str(f[0]), f[1], float(f[2]), **opts)
+            if not callable(spec.fn):
+                raise ConfigError(f"reward function {spec.name!r} is not callable: {spec.fn!r:.80}")
+            if not math.isfinite(spec.weight):
+                raise ConfigError(f"reward function {spec.name!r} has a non-finite weight {spec.weight}")
         else:
-            raise ConfigError(f"expected (name, fn, weight[, options]), a RewardSpec or a callable, got {f!r:.80}")
-        if not callable(spec.fn):
-            raise ConfigError(f"reward function {spec.name!r} is not callable: {spec.fn!r:.80}")
-        if not math.isfinite(spec.weight):
-            raise ConfigError(f"reward function {spec.name!r} has a non-finite weight {spec.weight}")
+            name, fn, weight, *options = reward_spec(f)  # grpo.rewards.specs: the one rule
+            spec = RewardSpec(name, fn, weight, **(options[0] if options else {}))
         if spec.in_process is None:
             spec.in_process = bool(getattr(spec.fn, "in_process", False)) or not FORK_AVAILABLE
         return spec

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shlex
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import yaml
 
 from grpo.config import ConfigError, build_config, flat_dict
 from grpo.errors import HealthGuardError, Preempted
+from grpo.rewards.runner import reward_mean_std
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.tracking.clock import RunClock
 from grpo.tracking.console import RunConsole
@@ -108,6 +108,16 @@ def _repair_jsonl(path: Path, out) -> None:
         path.write_text("".join(x + "\n" for x in good), encoding="utf-8")
 
 
+def _checkpointed(trainer, policy_optimizer) -> tuple[dict, dict, dict | None]:
+    """The optimizers, schedules and extra models a checkpoint holds, by name: the policy's (`policy_optimizer`: its
+    checkpoint view, parallel/), and the critic's ("value") for PPO. Save and resume both read this one list."""
+    optimizers, schedulers, extra_models = {"policy": policy_optimizer}, {"policy": trainer.scheduler}, None
+    if trainer.critic is not None:
+        optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
+        extra_models = {"value": trainer.critic.model}
+    return optimizers, schedulers, extra_models
+
+
 def _resume(trainer, out) -> dict:
     """Restore everything from the newest committed checkpoint; returns the saved extra state ({} if none)."""
     path = latest_checkpoint(trainer.run_dir)  # logs a warning for each partial or corrupt directory it skips
@@ -122,10 +132,9 @@ def _resume(trainer, out) -> dict:
     check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
     model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=False)
     ckpt.load_model_into(model)
-    optimizers, schedulers = {"policy": optimizer}, {"policy": trainer.scheduler}
-    if trainer.critic is not None:
-        ckpt.load_extra_models({"value": trainer.critic.model})
-        optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
+    optimizers, schedulers, extra_models = _checkpointed(trainer, optimizer)
+    if extra_models:
+        ckpt.load_extra_models(extra_models)
     ckpt.load_optimizers(optimizers)
     ckpt.load_schedulers(schedulers)
     trainer.stream.load_state_dict(state["stream"])
@@ -151,9 +160,7 @@ def _log_samples(cfg, result: StepResult, writer: JsonlWriter, step: int, printe
     for g in range(min(cfg.log.sample_groups if not show else max(cfg.log.sample_groups, 1), len(r.prompts))):
         rows = range(g * G, (g + 1) * G)
         rewards = [total[i] for i in rows]
-        present = torch.tensor([x for x in rewards if not math.isnan(x)])
-        mean = float(present.mean()) if present.numel() else float("nan")
-        std = float(present.std(correction=0)) if present.numel() else float("nan")
+        mean, std = reward_mean_std(result.scores.total[g * G:(g + 1) * G])
         record = {"step": step, "prompt": r.prompts[g].text, "answer": r.prompts[g].answer,
                   "completions": [r.texts[i] for i in rows], "rewards": rewards,
                   "advantages": [adv[i] for i in rows], "reward_mean": mean, "reward_std": std}
@@ -208,10 +215,7 @@ class _Run:
         if self.last_saved == trainer.step_count:
             return _has_committed(self.run_dir)
         model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=True)
-        optimizers, schedulers, extra_models = {"policy": optimizer}, {"policy": trainer.scheduler}, None
-        if trainer.critic is not None:
-            optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
-            extra_models = {"value": trainer.critic.model}
+        optimizers, schedulers, extra_models = _checkpointed(trainer, optimizer)
         state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
         try:
             path = save_checkpoint(self.run_dir, trainer.step_count, model=model,

@@ -26,7 +26,8 @@ from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
-from grpo.rewards.runner import RewardResult
+from grpo.rewards.runner import RewardResult, reward_mean_std
+from grpo.rewards.specs import reward_specs
 from grpo.rollout import Sampler
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.defaults import report_defaults
@@ -225,11 +226,9 @@ class Trainer:
 
     def _reward_metrics(self, scores, adv: torch.Tensor) -> dict[str, float]:
         total, adv = self.dist.gather_cat(scores.total), self.dist.gather_cat(adv)  # the job's, with several ranks
-        present = total[~torch.isnan(total)]
         G = self.cfg.rollout.group_size
         out = dict(scores.metrics)
-        out["reward/mean"] = float(present.mean()) if present.numel() else float("nan")
-        out["reward/std"] = float(present.std(correction=0)) if present.numel() else float("nan")
+        out["reward/mean"], out["reward/std"] = reward_mean_std(total)
         out["adv/zero_std_frac"] = float(zero_std_groups(total, G).float().mean())
         out["adv/abs_mean"] = float(adv.abs().mean())
         return out
@@ -249,21 +248,19 @@ class Trainer:
                 "rollout/groups": float(len(rollouts.prompts))}
 
     def _reward_specs(self, reward_functions):
+        """(name, fn, weight) of each reward (grpo.rewards.specs): the given functions, else reward.functions, else
+        the task's own; reward.weights replaces the weights."""
         if reward_functions is not None:
-            return [(s[0], s[1], s[2]) if isinstance(s, tuple) else (s.__name__, s, 1.0) for s in reward_functions]
-        names = self.cfg.reward.functions
-        if names is None:
-            specs = list(self.task.reward_functions())
+            specs = reward_specs(reward_functions)
+        elif self.cfg.reward.functions is not None:
+            specs = reward_specs(self.cfg.reward.functions)  # 'my_rewards.py:accuracy' logs as 'accuracy'
         else:
-            from grpo.rewards import get_reward_function
-            from grpo.rewards.references import reference_name  # 'my_rewards.py:accuracy' logs as 'accuracy'
-
-            specs = [(reference_name(n), get_reward_function(n), 1.0) for n in names]
+            specs = list(self.task.reward_functions())
         if self.cfg.reward.weights is not None:
             if len(self.cfg.reward.weights) != len(specs):
                 raise ConfigError(f"reward.weights has {len(self.cfg.reward.weights)} entries for {len(specs)} "
                                   f"reward functions {[s[0] for s in specs]}")
-            specs = [(n, f, w) for (n, f, _), w in zip(specs, self.cfg.reward.weights)]
+            specs = [(s[0], s[1], w, *s[3:]) for s, w in zip(specs, self.cfg.reward.weights)]
         return specs
 
     # ------------------------------------------------------------------ evaluation and the whole run
