@@ -30,20 +30,19 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from grpo.bench_report import HEADER, acceptance, exponents, fit_exponent, row, summary  # noqa: F401 (re-exported)
 from grpo.tracking.clock import Clock
-from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (bench's figures use them)
+from grpo.bench_workload import Workload, long_prompts, measure, timed_forward  # noqa: F401 (re-exported)
+from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (re-exported: scripts/vocab_train_memory.py)
 from grpo.tokens import prompt_token_ids
 
 DEFAULT_OUTPUT = Path("bench/results/latest.json")
@@ -100,190 +99,8 @@ def quick_plan() -> Plan:
 
 
 # ---------------------------------------------------------------------------------------------- measuring
-@contextmanager
-def timed_forward(clock: Clock, acc: list):
-    """Accumulate the seconds spent in `completion_logits` inside policy_update (the log-prob forward)."""
-    from grpo.train import update
-
-    inner = update.completion_logits
-
-    def wrapper(*args, **kwargs):
-        t = clock()
-        out = inner(*args, **kwargs)
-        acc.append(clock() - t)
-        return out
-
-    update.completion_logits = wrapper
-    try:
-        yield
-    finally:
-        update.completion_logits = inner
-
-
 # ---------------------------------------------------------------------------------------------- the work
-def long_prompts(task_prompts, length: int):
-    """Arithmetic prompts lengthened to exactly `length` characters (= tokens) by a preamble of worked sums."""
-    from grpo.types import Prompt
-
-    examples = " ".join(f"{a} + {b} = {a + b}." for a, b in zip(range(11, 99, 7), range(3, 90, 5)))
-    out = []
-    for p in task_prompts:
-        room = length - len(p.text)
-        preamble = ("Worked examples: " + examples * (1 + length // len(examples)))[:room - 1] + "\n"
-        out.append(Prompt(uid=p.uid, text=preamble + p.text, answer=p.answer, meta=p.meta, templated=p.templated))
-    return out
-
-
-class Workload:
-    """Everything one (model, shape, G) measurement needs; the three methods run on the same prompts."""
-
-    def __init__(self, models: dict, tokenizer, prompts, G: int, T: int, device, cfg, clock: Clock, runner):
-        self.m, self.tok, self.prompts, self.G, self.T = models, tokenizer, prompts, G, T
-        self.device, self.cfg, self.clock, self.runner = device, cfg, clock, runner
-
-    # ------------------------------------------------------------------ ours
-    def step(self) -> dict:
-        from grpo.algo import group_advantages
-        from grpo.rollout import Sampler
-        from grpo.train.update import PolicyBatch, policy_update
-
-        cfg, G, clock = self.cfg, self.G, self.clock
-        policy, opt, sched = self.m["ours"], self.m["ours_opt"], self.m["ours_sched"]
-        sampler = Sampler(policy, self.tok, max_new_tokens=self.T, temperature=cfg.rollout.temperature,
-                          top_p=cfg.rollout.top_p, min_new_tokens=self.T)
-        t0 = clock()
-        rollouts = sampler.generate(self.prompts, G)
-        t1 = clock()
-        columns = {"answer": [p.answer for p in self.prompts for _ in range(G)]}
-        scores = self.runner([p.text for p in self.prompts for _ in range(G)], rollouts.texts, columns)
-        adv = group_advantages(scores.total.to(self.device), G, std=cfg.algo.std, scale=cfg.algo.scale,
-                               eps=cfg.algo.eps)
-        t2 = clock()
-        batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
-                            completion_ids=rollouts.completion_ids, mask=rollouts.completion_mask.float(), adv=adv,
-                            group_size=G)
-        t3 = clock()  # the default config (mu = 1, beta = 0): no old-logprob and no reference pass, as the trainer
-        forward: list[float] = []
-        with timed_forward(clock, forward):
-            policy_update(policy, opt, sched, batch, cfg)
-        t4 = clock()
-        tokens = int(rollouts.completion_mask.sum())
-        assert tokens == len(self.prompts) * G * self.T, "the bench needs fixed-length completions"
-        return {"generate_s": t1 - t0, "reward_s": t2 - t1, "logprob_s": (t3 - t2) + sum(forward),
-                "backward_optimizer_s": (t4 - t3) - sum(forward), "step_s": t4 - t0, "gen_tokens": tokens}
-
-    # ------------------------------------------------------------------ the naive floor
-    @torch.no_grad()
-    def floor_generate(self):
-        """The usual KV-cached sampling loop over the N prompt copies (plain transformers + torch)."""
-        from transformers import DynamicCache
-
-        model, tok, G, T = self.m["floor"], self.tok, self.G, self.T
-        enc = tok.pad({"input_ids": prompt_token_ids(tok, self.prompts)}, return_tensors="pt")  # grpo.tokens
-        ids = enc["input_ids"].to(self.device).repeat_interleave(G, 0)
-        mask = enc["attention_mask"].to(self.device).repeat_interleave(G, 0)
-        model.eval()
-        cache = DynamicCache(config=model.config)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
-        logits, pos = out.logits[:, -1], pos[:, -1:]
-        new, logps = [], []
-        for t in range(T):
-            logits[:, tok.eos_token_id] = float("-inf")  # fixed length: no EOS before T tokens
-            logp = torch.log_softmax(logits.float() / self.cfg.rollout.temperature, -1)
-            nxt = torch.multinomial(logp.exp(), 1)
-            new.append(nxt)
-            logps.append(logp.gather(-1, nxt))
-            if t == T - 1:
-                break
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
-            pos = pos + 1
-            logits = model(input_ids=nxt, attention_mask=mask, position_ids=pos, cache=cache,
-                           use_cache=True).logits[:, -1]
-        completions = torch.cat(new, 1)
-        texts = tok.batch_decode(completions.cpu(), skip_special_tokens=True)
-        model.train()
-        return ids, enc["attention_mask"].to(self.device).repeat_interleave(G, 0), completions, texts
-
-    def floor(self) -> dict:
-        clock, model, opt = self.clock, self.m["floor"], self.m["floor_opt"]
-        t0 = clock()
-        ids, mask, completions, _ = self.floor_generate()
-        t1 = clock()
-        full = torch.cat([ids, completions], 1)
-        full_mask = torch.cat([mask, torch.ones_like(completions)], 1)
-        pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        adv = torch.randn(full.shape[0], device=self.device)
-        L = ids.shape[1]
-        logits = model(input_ids=full, attention_mask=full_mask, position_ids=pos).logits[:, L - 1:-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, completions[..., None])[..., 0]
-        loss = -(adv[:, None] * logp).mean()
-        loss.backward()
-        t2 = clock()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.optim.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t3 = clock()
-        return {"generate_s": t1 - t0, "forward_backward_s": t2 - t1, "optimizer_s": t3 - t2, "step_s": t3 - t0}
-
-    # ------------------------------------------------------------------ transformers' generate
-    @torch.no_grad()
-    def hf_generate(self) -> dict:
-        model, tok, clock, cfg = self.m["floor"], self.tok, self.clock, self.cfg
-        model.eval()
-        t0 = clock()
-        enc = tok.pad({"input_ids": prompt_token_ids(tok, self.prompts)}, return_tensors="pt")  # grpo.tokens
-        out = model.generate(input_ids=enc["input_ids"].to(self.device),
-                             attention_mask=enc["attention_mask"].to(self.device), do_sample=True,
-                             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=0,
-                             num_return_sequences=self.G, max_new_tokens=self.T, min_new_tokens=self.T,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        new = out[:, enc["input_ids"].shape[1]:]
-        tok.batch_decode(new.cpu(), skip_special_tokens=True)
-        t1 = clock()
-        model.train()
-        assert new.shape == (len(self.prompts) * self.G, self.T)
-        return {"generate_s": t1 - t0}
-
-
-def _median_dict(samples: list[dict]) -> dict:
-    return {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-
-
-def measure(work: Workload, repeats: int, methods=("step", "floor", "hf")) -> dict:
-    """One untimed pass per method (warms this shape up; measures its peak RSS), then `repeats` timed passes,
-    interleaved (the starting method rotates per repeat); medians per figure, and the ratios as medians of the
-    per-repeat ratios (the methods of one repeat run back to back, so a change in the load of a shared machine
-    between repeats cancels out)."""
-    raw: dict[str, list[dict]] = {m: [] for m in methods}
-    calls = {"step": work.step, "floor": work.floor, "hf": work.hf_generate}
-    peaks = {}
-    for m in methods:
-        reset_peak_rss()
-        calls[m]()
-        peaks[m] = peak_rss_mb()
-    for r in range(repeats):
-        for i in range(len(methods)):
-            m = methods[(r + i) % len(methods)]
-            raw[m].append(calls[m]())
-    out = {m: _median_dict(v) | {"peak_rss_mb": peaks[m]} for m, v in raw.items()} | {"samples": raw}
-    if "floor" in raw:
-        out["step_over_floor"] = statistics.median(a["step_s"] / b["step_s"] for a, b in zip(raw["step"], raw["floor"]))
-    if "hf" in raw:
-        out["speedup_vs_hf_generate"] = statistics.median(
-            b["generate_s"] / a["generate_s"] for a, b in zip(raw["step"], raw["hf"]))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- running
-def fit_exponent(xs, ys) -> float:
-    """Least-squares slope of log(y) against log(x)."""
-    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
-    mx, my = statistics.fmean(lx), statistics.fmean(ly)
-    den = sum((a - mx) ** 2 for a in lx)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / den if den else float("nan")
-
-
 def _setup(spec: ModelSpec, device, dtype, cfg):
     from grpo.models.builtin import build_model, build_tokenizer
     from grpo.train.optim import build_optimizer
@@ -336,7 +153,7 @@ def run_bench(plan: Plan, log=print) -> dict:
                     res = measure(work, plan.repeats)
                     run = _run_entry(spec, shape, G, prompts, tok, res)
                     runs.append(run)
-                    log(_row(run))
+                    log(row(run))
             if spec is plan.models[0]:
                 shape = plan.shapes[0]
                 prompts = _prompts(shape, task, max(1, round(shape.prompts * spec.prompt_scale)))
@@ -403,86 +220,7 @@ def _run_entry(spec, shape, G, prompts, tok, res) -> dict:
     }
 
 
-def exponents(runs: list[dict], length_sweep: list[dict]) -> dict:
-    out = {"group_size": [], "completion_length": None}
-    for model, shape in dict.fromkeys((r["model"], r["shape"]) for r in runs):
-        rs = [r for r in runs if r["model"] == model and r["shape"] == shape]
-        if len(rs) >= 2:
-            Gs = [r["group_size"] for r in rs]
-            out["group_size"].append({"model": model, "shape": shape, "group_sizes": Gs,
-                                      "step": fit_exponent(Gs, [r["step_s"] for r in rs]),
-                                      "floor": fit_exponent(Gs, [r["floor_s"] for r in rs])})
-    if len(length_sweep) >= 2:
-        Ts = [x["completion_tokens"] for x in length_sweep]
-        out["completion_length"] = {"model": length_sweep[0]["model"], "shape": length_sweep[0]["shape"],
-                                    "group_size": length_sweep[0]["group_size"], "completion_tokens": Ts,
-                                    "step": fit_exponent(Ts, [x["step_s"] for x in length_sweep])}
-    return out
-
-
-def acceptance(result: dict, plan: Plan) -> list[dict]:
-    """The issue's thresholds, on the first model (the built-in one)."""
-    runs = result["runs"]
-    model = plan.models[0].name
-    default, long_ = plan.shapes[0].name, plan.shapes[1].name if len(plan.shapes) > 1 else None
-
-    def get(shape, G, key):
-        for r in runs:
-            if r["model"] == model and r["shape"] == shape and r["group_size"] == G:
-                return r[key]
-        return None
-
-    checks = [("step/floor, default shapes, G=16", get(default, 16, "step_over_floor"), "<=", 0.75),
-              ("step/floor, default shapes, G=8", get(default, 8, "step_over_floor"), "<=", 0.9),
-              ("step/floor, long prompt, G=16", get(long_, 16, "step_over_floor"), "<=", 0.4),
-              ("rollout tokens/s vs transformers generate, default shapes, G=16",
-               get(default, 16, "speedup_vs_hf_generate"), ">=", 2.0)]
-    ex = result["exponents"]
-    g = next((e for e in ex["group_size"] if e["model"] == model and e["shape"] == default), None)
-    checks.append(("exponent of step time in G (default shapes)", g["step"] if g else None, "<=", 1.1))
-    ln = ex["completion_length"]
-    checks.append(("exponent of step time in completion length", ln["step"] if ln else None, "<=", 1.1))
-    out = []
-    for name, value, op, thr in checks:
-        met = None if value is None else (value <= thr if op == "<=" else value >= thr)
-        out.append({"check": name, "value": value, "threshold": f"{op} {thr}", "met": met})
-    return out
-
-
 # ---------------------------------------------------------------------------------------------- output
-HEADER = (f"{'model':<11} {'shape':<12} {'G':>3} {'step s':>8} {'floor s':>8} {'step/floor':>10} {'gen tok/s':>10} "
-          f"{'hf tok/s':>9} {'vs hf':>6} {'peak MB':>8}   generate/reward/logprob/backward+opt s")
-
-
-def _row(r: dict) -> str:
-    s = r["stages"]
-    return (f"{r['model']:<11} {r['shape']:<12} {r['group_size']:>3} {r['step_s']:>8.3f} {r['floor_s']:>8.3f} "
-            f"{r['step_over_floor']:>10.3f} {r['gen_tokens_per_s']:>10.0f} {r['hf_generate_tokens_per_s']:>9.0f} "
-            f"{r['speedup_vs_hf_generate']:>6.2f} {r['peak_rss_mb']:>8.0f}   {s['generate_s']:.3f}/{s['reward_s']:.3f}/"
-            f"{s['logprob_s']:.3f}/{s['backward_optimizer_s']:.3f}")
-
-
-def summary(result: dict) -> str:
-    title = (f"grpo bench  {result['device']} {result['dtype']}, {result['threads']} thread(s), {result['clock']} "
-             f"seconds, medians of {result['repeats']}, run took {result['wall_s']:.0f} s")
-    lines = [title, HEADER]
-    lines += [_row(r) for r in result["runs"] if r.get("kind") != "vocab"]
-    lines.append("fitted exponents (slope of log step_s):")
-    for e in result["exponents"]["group_size"]:
-        lines.append(f"  vs G {e['group_sizes']}  {e['model']}/{e['shape']}: step {e['step']:.2f}   "
-                     f"floor {e['floor']:.2f}")
-    ln = result["exponents"]["completion_length"]
-    if ln:
-        lines.append(f"  vs completion length {ln['completion_tokens']}  {ln['model']}/{ln['shape']} "
-                     f"G={ln['group_size']}: step {ln['step']:.2f}")
-    lines.append("acceptance (built-in model):")
-    for a in result["acceptance"]:
-        v = "n/a" if a["value"] is None else f"{a['value']:.3f}"
-        mark = {True: "met", False: "NOT met", None: "not measured"}[a["met"]]
-        lines.append(f"  {a['check']}: {v} (want {a['threshold']}) {mark}")
-    return "\n".join(lines)
-
-
 def main(args) -> int:
     import logging
 

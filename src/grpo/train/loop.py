@@ -2,10 +2,11 @@
 warnings, checkpoints (atomic) and resume, preemption, the non-finite guard, final model, summary and plots.
 Everything written here follows DESIGN.md's run-directory contract; docs/reliability.md lists the faults.
 
-- Resume (`--resume`): the newest committed checkpoint of the run directory (partial ones are skipped with a
-  warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite streak and the
-  health monitor, so the run continues bitwise as if never stopped. Changing a setting that changes what a step
-  means (INCOMPATIBLE) is refused with a ConfigError naming the fields; other changes are printed.
+- Resume (`--resume`, train/resume.py): the newest committed checkpoint of the run directory (partial ones are
+  skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
+  streak and the health monitor and reward guard (their state_dict()), so the run continues bitwise as if never
+  stopped. Changing a setting that changes what a step means (INCOMPATIBLE) is refused with a ConfigError naming
+  the fields; other changes are printed.
 - Preemption: SIGTERM/SIGINT finish the current step, then a committed checkpoint is written, the resume command
   is printed, and `run_training` raises `grpo.errors.Preempted` (the CLI exits 130 / 143). A second Ctrl-C aborts
   at once.
@@ -19,129 +20,43 @@ Everything written here follows DESIGN.md's run-directory contract; docs/reliabi
 
 from __future__ import annotations
 
-import json
 import logging
-import shlex
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import yaml
 
-from grpo.config import ConfigError, build_config, flat_dict
+from grpo.config import ConfigError
 from grpo.errors import HealthGuardError, Preempted
-from grpo.rewards.runner import reward_mean_std
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
+from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
 from grpo.tracking.trackers import Trackers, open_trackers
-from grpo.train.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    load_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-)
+from grpo.train.checkpoint import CheckpointError, save_checkpoint
 from grpo.train.guards import RewardGuard
 from grpo.train.preemption import PreemptionGuard
+from grpo.train.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
+    INCOMPATIBLE,
+    check_resume_config,
+    checkpointed,
+    newest_committed,
+    repair_jsonl,
+    resume_from_checkpoint,
+    resume_command,
+)
 
 if TYPE_CHECKING:
     from grpo.train.trainer import StepResult
 
 log = logging.getLogger("grpo.train")
 
-# Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
-# reference model of the built-in model): refuse. Every other change is allowed and printed.
-INCOMPATIBLE = ["model.name", "rollout.group_size", "rollout.prompts_per_step", "data.task", "data.difficulty",
-                "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
-                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
-
 
 class NonFiniteError(HealthGuardError):
     """Too many consecutive steps had a non-finite loss or gradient."""
-
-
-def check_resume_config(saved: dict, current: dict, printer) -> None:
-    """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes."""
-    old, new = flat_dict(saved), flat_dict(current)
-    bad = [k for k in INCOMPATIBLE if old.get(k) != new.get(k)]
-    if bad:
-        raise ConfigError("cannot resume: these settings differ from the checkpoint's run: " + ", ".join(
-            f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in bad) + "; start a new run (another --output-dir) "
-            "or resume with the original values")
-    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
-    if changed:
-        printer("[grpo] resuming with changed settings: " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})"
-                                                                         for k in changed), soft_wrap=True)
-    if "train.steps" in changed and new.get("optim.schedule") != "constant":
-        printer(f"[grpo] note: train.steps changed, so the {new.get('optim.schedule')} learning-rate schedule "
-                "is stretched to the new length from here on")
-
-
-def resume_command(run_dir: Path) -> str:
-    return (f"grpo train {shlex.quote(str(run_dir / 'config.yaml'))} --output-dir {shlex.quote(str(run_dir))} "
-            "--resume")
-
-
-def _has_committed(run_dir: Path) -> Path | None:
-    found = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMMITTED").is_file())
-    return found[-1] if found else None
-
-
-def _repair_jsonl(path: Path, out) -> None:
-    """Drop lines a kill left half-written (not valid JSON), so the resume can read the file."""
-    if not path.exists():
-        return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    good = []
-    for line in lines:
-        try:
-            json.loads(line)
-            good.append(line)
-        except ValueError:
-            pass
-    if len(good) != len([x for x in lines if x.strip()]):
-        out(f"[grpo] warning: dropped {len(lines) - len(good)} unreadable line(s) of {path} (a write was cut off)")
-        path.write_text("".join(x + "\n" for x in good), encoding="utf-8")
-
-
-def _checkpointed(trainer, policy_optimizer) -> tuple[dict, dict, dict | None]:
-    """The optimizers, schedules and extra models a checkpoint holds, by name: the policy's (`policy_optimizer`: its
-    checkpoint view, parallel/), and the critic's ("value") for PPO. Save and resume both read this one list."""
-    optimizers, schedulers, extra_models = {"policy": policy_optimizer}, {"policy": trainer.scheduler}, None
-    if trainer.critic is not None:
-        optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
-        extra_models = {"value": trainer.critic.model}
-    return optimizers, schedulers, extra_models
-
-
-def _resume(trainer, out) -> dict:
-    """Restore everything from the newest committed checkpoint; returns the saved extra state ({} if none)."""
-    path = latest_checkpoint(trainer.run_dir)  # logs a warning for each partial or corrupt directory it skips
-    if path is None:
-        out(f"[grpo] --resume: no committed checkpoint in {trainer.run_dir}/checkpoints; starting from step 0")
-        return {}
-    ckpt = load_checkpoint(path)
-    state = ckpt.trainer_state
-    saved_cfg = state.get("config")
-    if saved_cfg is None:  # written by an older version: the run directory's config.yaml
-        saved_cfg = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
-    check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
-    model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=False)
-    ckpt.load_model_into(model)
-    optimizers, schedulers, extra_models = _checkpointed(trainer, optimizer)
-    if extra_models:
-        ckpt.load_extra_models(extra_models)
-    ckpt.load_optimizers(optimizers)
-    ckpt.load_schedulers(schedulers)
-    trainer.stream.load_state_dict(state["stream"])
-    trainer.step_count = state["step"]
-    restore_rng_state(ckpt.rng_state)  # last: nothing after this may draw from an RNG before the next step
-    out(f"[grpo] resumed from {path} (step {trainer.step_count})", soft_wrap=True)
-    return state
 
 
 def _evaluate(trainer, progress=None) -> float:
@@ -213,9 +128,9 @@ class _Run:
         """Save a committed checkpoint of the current step (once). why: periodic | final | preempted."""
         trainer = self.trainer
         if self.last_saved == trainer.step_count:
-            return _has_committed(self.run_dir)
+            return newest_committed(self.run_dir)
         model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=True)
-        optimizers, schedulers, extra_models = _checkpointed(trainer, optimizer)
+        optimizers, schedulers, extra_models = checkpointed(trainer, optimizer)
         state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
         try:
             path = save_checkpoint(self.run_dir, trainer.step_count, model=model,
@@ -223,7 +138,7 @@ class _Run:
                                    extra_models=extra_models, trainer_state=state,
                                    keep_last=self.cfg.train.keep_checkpoints) if is_main() else None
         except CheckpointError as e:
-            previous = _has_committed(self.run_dir)
+            previous = newest_committed(self.run_dir)
             msg = (f"the {why} checkpoint save at step {trainer.step_count} failed: {e.__cause__ or e}. "
                    f"The previous checkpoint is intact: {previous or 'none (no committed checkpoint yet)'}")
             if why == "periodic" and self.cfg.train.on_save_error == "continue":
@@ -319,17 +234,17 @@ def run_training(trainer, resume: bool = False) -> dict:
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
     out = con.print
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume and (existing := _has_committed(run_dir)) is not None:
+    if not resume and (existing := newest_committed(run_dir)) is not None:
         raise ConfigError(f"the run directory {run_dir} already holds checkpoints of an earlier run (newest "
                           f"{existing.name}): add --resume to continue it, or pass another --output-dir")
     with PreemptionGuard() as local_guard:
         guard = SyncedGuard(local_guard, trainer.dist)  # every rank stops at the same step
-        state = _resume(trainer, out) if resume else {}
+        state = resume_from_checkpoint(trainer, out) if resume else {}
         if main:
             (run_dir / "config.yaml").write_text(cfg.to_yaml())
         run = _Run(trainer, con, guard, state)
         for name in ("metrics.jsonl", "samples.jsonl") if main else ():
-            _repair_jsonl(run_dir / name, out)
+            repair_jsonl(run_dir / name, out)
         metrics_file = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=run.start_step) if main \
             else NullWriter()
         samples_file = JsonlWriter(run_dir / "samples.jsonl", truncate_after_step=run.start_step) if main \
@@ -420,5 +335,3 @@ def _preflight(trainer, out) -> None:
                              "setting it names, or set train.preflight=warn to train anyway")
 
 
-def load_run_config(run_dir):
-    return build_config(yaml.safe_load((run_dir / "config.yaml").read_text()))

@@ -1,0 +1,109 @@
+"""Resuming a run (`grpo train ... --resume`): the newest committed checkpoint of the run directory restores the
+model, optimizers, schedules, RNG states, data position and step; settings that would change what a step means
+(INCOMPATIBLE) are refused; half-written metrics lines are dropped. train/loop.py calls `resume` and `checkpointed`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import yaml
+
+from grpo.config import ConfigError, build_config, flat_dict
+from grpo.parallel import checkpoint_views
+from grpo.train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng_state
+
+__all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "load_run_config", "newest_committed",
+           "repair_jsonl", "resume_command", "resume_from_checkpoint"]
+
+# Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
+# reference model of the built-in model): refuse. Every other change is allowed and printed.
+INCOMPATIBLE = ["model.name", "rollout.group_size", "rollout.prompts_per_step", "data.task", "data.difficulty",
+                "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
+                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
+
+
+def check_resume_config(saved: dict, current: dict, printer) -> None:
+    """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes."""
+    old, new = flat_dict(saved), flat_dict(current)
+    bad = [k for k in INCOMPATIBLE if old.get(k) != new.get(k)]
+    if bad:
+        raise ConfigError("cannot resume: these settings differ from the checkpoint's run: " + ", ".join(
+            f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in bad) + "; start a new run (another --output-dir) "
+            "or resume with the original values")
+    changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+    if changed:
+        printer("[grpo] resuming with changed settings: " + ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})"
+                                                                         for k in changed), soft_wrap=True)
+    if "train.steps" in changed and new.get("optim.schedule") != "constant":
+        printer(f"[grpo] note: train.steps changed, so the {new.get('optim.schedule')} learning-rate schedule "
+                "is stretched to the new length from here on")
+
+
+def resume_command(run_dir: Path) -> str:
+    return (f"grpo train {shlex.quote(str(run_dir / 'config.yaml'))} --output-dir {shlex.quote(str(run_dir))} "
+            "--resume")
+
+
+def newest_committed(run_dir: Path) -> Path | None:
+    found = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMMITTED").is_file())
+    return found[-1] if found else None
+
+
+def repair_jsonl(path: Path, out) -> None:
+    """Drop lines a kill left half-written (not valid JSON), so the resume can read the file."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    good = []
+    for line in lines:
+        try:
+            json.loads(line)
+            good.append(line)
+        except ValueError:
+            pass
+    if len(good) != len([x for x in lines if x.strip()]):
+        out(f"[grpo] warning: dropped {len(lines) - len(good)} unreadable line(s) of {path} (a write was cut off)")
+        path.write_text("".join(x + "\n" for x in good), encoding="utf-8")
+
+
+def checkpointed(trainer, policy_optimizer) -> tuple[dict, dict, dict | None]:
+    """The optimizers, schedules and extra models a checkpoint holds, by name: the policy's (`policy_optimizer`: its
+    checkpoint view, parallel/), and the critic's ("value") for PPO. Save and resume both read this one list."""
+    optimizers, schedulers, extra_models = {"policy": policy_optimizer}, {"policy": trainer.scheduler}, None
+    if trainer.critic is not None:
+        optimizers["value"], schedulers["value"] = trainer.critic.optimizer, trainer.critic.scheduler
+        extra_models = {"value": trainer.critic.model}
+    return optimizers, schedulers, extra_models
+
+
+def resume_from_checkpoint(trainer, out) -> dict:
+    """Restore everything from the newest committed checkpoint; returns the saved extra state ({} if none)."""
+    path = latest_checkpoint(trainer.run_dir)  # logs a warning for each partial or corrupt directory it skips
+    if path is None:
+        out(f"[grpo] --resume: no committed checkpoint in {trainer.run_dir}/checkpoints; starting from step 0")
+        return {}
+    ckpt = load_checkpoint(path)
+    state = ckpt.trainer_state
+    saved_cfg = state.get("config")
+    if saved_cfg is None:  # written by an older version: the run directory's config.yaml
+        saved_cfg = yaml.safe_load((trainer.run_dir / "config.yaml").read_text())
+    check_resume_config(saved_cfg, trainer.cfg.to_dict(), out)
+    model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=False)
+    ckpt.load_model_into(model)
+    optimizers, schedulers, extra_models = checkpointed(trainer, optimizer)
+    if extra_models:
+        ckpt.load_extra_models(extra_models)
+    ckpt.load_optimizers(optimizers)
+    ckpt.load_schedulers(schedulers)
+    trainer.stream.load_state_dict(state["stream"])
+    trainer.step_count = state["step"]
+    restore_rng_state(ckpt.rng_state)  # last: nothing after this may draw from an RNG before the next step
+    out(f"[grpo] resumed from {path} (step {trainer.step_count})", soft_wrap=True)
+    return state
+
+
+def load_run_config(run_dir):
+    return build_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
