@@ -103,7 +103,8 @@ def _eval(args) -> int:
     res, rows = evaluate_problems(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
                                   max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
-                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                                  max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens)
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem
         Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warmup", help="build the built-in model with the supervised warm-up, measure it, write its "
                        "recipe (the default ones ship with grpo)")
     w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. warmup.seed=1")
-    w.add_argument("--task", choices=["arithmetic", "code"], help="built-in task (default arithmetic)")
+    w.add_argument("--task", choices=["arithmetic", "code", "tools"], help="built-in task (default arithmetic)")
     w.add_argument("--preset", help="preset whose settings apply (default: grpo, or code for --task code)")
     w.add_argument("--output", help="directory to write (default ./warm-<task>)")
     w.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy in the recipe")

@@ -36,7 +36,7 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: str = Field("arithmetic", description="built-in task: arithmetic or code (ignored when data.path is set)")
+    task: str = Field("arithmetic", description="built-in task: arithmetic, code or tools (ignored when data.path is set)")
     difficulty: str = Field("default", description="task difficulty level, e.g. arithmetic: easy|default|hard")
     path: str | None = Field(None, description="local JSONL/Parquet/CSV file of training prompts")
     train_size: int = Field(20000, ge=1)
@@ -149,6 +149,16 @@ class OptimConfig(_Section):
                                       "vocab x 4 bytes); see docs/scale.md")
 
 
+class EnvConfig(_Section):
+    """Multi-turn episodes (tasks with an environment, e.g. `tools`; grpo.rollout.episodes). Ignored otherwise."""
+
+    max_turns: int = Field(4, ge=1, description="policy turns per episode; an episode the environment would continue "
+                           "past them is cut (truncated)")
+    max_tokens: int | None = Field(None, ge=1, description="tokens per episode after the prompt, policy and environment "
+                                   "together; a longer one is cut (truncated). None: no limit but max_turns x "
+                                   "rollout.max_new_tokens plus the environment's messages")
+
+
 class TrainConfig(_Section):
     steps: int = Field(150, ge=0)
     seed: int = 0
@@ -228,6 +238,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     warmup: WarmupConfig = WarmupConfig()
+    env: EnvConfig = EnvConfig()
     log: LogConfig = LogConfig()
     parallel: ParallelConfig = ParallelConfig()
 

@@ -52,9 +52,13 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     with Phase("evaluating", len(prompts), "problems", console=console) as ph:
         res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
-                             max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update)
-    return {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
-            "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
+                             max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update,
+                             max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens)
+    out = {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
+           "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
+    if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
+        out["tool_use_frac"] = res["tool_use_frac"]
+    return out
 
 
 def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -> dict:
@@ -63,7 +67,7 @@ def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -
     import transformers
 
     from grpo.models.loading import builtin_spec
-    from grpo.train.warmup import build_warm_model
+    from grpo.train.warmup import build_warm_model, warm_task
 
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
@@ -72,6 +76,11 @@ def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -
     recipe = {"spec": builtin_spec(cfg), "sha256": sha256_file(out_dir / "model.safetensors"),
               "built_on": {"cpu": cpu_name(), "torch": torch.__version__, "transformers": transformers.__version__,
                            "warmup_s": round(seconds, 1)}}
+    start = getattr(warm_task(cfg), "warm_start", None)
+    if start:  # the warm-up started from another task's shipped model (grpo.train.warmup.shipped_task_model)
+        from grpo.models.builtin import SHIPPED_DIR, read_recipe
+
+        recipe["warm_start"] = {"task": start, "sha256": (read_recipe(SHIPPED_DIR / start) or {}).get("sha256")}
     if evaluate:
         with torch.random.fork_rng():
             recipe["heldout"] = heldout_accuracy(cfg, out_dir, console)
@@ -86,7 +95,7 @@ def main(args) -> int:
     from grpo.config import load_config
     from grpo.models.builtin import shipped_model_dir
 
-    preset = args.preset or ("code" if args.task == "code" else "grpo")
+    preset = args.preset or (args.task if args.task in ("code", "tools") else "grpo")
     overrides = list(args.overrides) + ([f"data.task={args.task}"] if args.task else [])
     cfg = load_config(preset, overrides)
     console = Console(highlight=False, markup=False)
