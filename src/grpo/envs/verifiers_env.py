@@ -279,6 +279,14 @@ class VerifiersEpisode:
             pass
 
 
+def _has_group_funcs(rubric) -> bool:
+    """Whether a rubric (or a RubricGroup's rubrics) has group-level reward functions."""
+    subs = getattr(rubric, "rubrics", None)
+    if subs:
+        return any(_has_group_funcs(r) for r in subs)
+    return bool(rubric._get_group_reward_funcs())
+
+
 def _tool_names(env) -> set[str]:
     return set(getattr(env, "tool_map", None) or {}) or {t.name if hasattr(t, "name") else t["name"]
                                                          for t in (getattr(env, "tool_defs", None) or [])}
@@ -303,7 +311,7 @@ class VerifiersTask:
         vf = _vf()
         if not isinstance(env, vf.Environment):
             raise TypeError(f"VerifiersTask needs a verifiers Environment, got {type(env).__name__}")
-        if env.rubric._get_group_reward_funcs():
+        if _has_group_funcs(env.rubric):
             raise ValueError(f"verifiers environment {type(env).__name__}: its rubric has group-level reward "
                              "functions; grpo scores each episode on its own (individual reward functions only)")
         self.env, self.name = env, name or f"verifiers:{env.env_id or type(env).__name__}"
