@@ -158,6 +158,16 @@ class OptimConfig(_Section):
                                       "vocab x 4 bytes); see docs/scale.md")
 
 
+class EnvConfig(_Section):
+    """Multi-turn episodes (tasks with an environment, e.g. `tools`; grpo.rollout.episodes). Ignored otherwise."""
+
+    max_turns: int = Field(4, ge=1, description="policy turns per episode; an episode the environment would continue "
+                           "past them is cut (truncated)")
+    max_tokens: int | None = Field(None, ge=1, description="tokens per episode after the prompt, policy and environment "
+                                   "together; a longer one is cut (truncated). None: no limit but max_turns x "
+                                   "rollout.max_new_tokens plus the environment's messages")
+
+
 class TrainConfig(_Section):
     steps: int = Field(150, ge=0)
     seed: int = 0
@@ -237,6 +247,7 @@ class Config(_Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     warmup: WarmupConfig = WarmupConfig()
+    env: EnvConfig = EnvConfig()
     log: LogConfig = LogConfig()
     parallel: ParallelConfig = ParallelConfig()
 

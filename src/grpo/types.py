@@ -41,7 +41,11 @@ class Rollouts:
     logp: (N, T) log-probabilities of the sampled tokens under the sampling policy (temperature applied
         as sampled; 0 at padding). Kept for diagnostics; the trainer recomputes pi_old when mu > 1.
     truncated: (N,) bool, True when the completion hit max_new_tokens without EOS.
-    texts: N decoded completions (without EOS / padding).
+    texts: N decoded completions (without EOS / padding); of an episode, its final policy turn.
+    loss_mask: (N, T) or None: 1 at the policy's own tokens of multi-turn episodes (environment tokens are attended,
+        completion_mask, but carry no loss and no KL); None means completion_mask (grpo.rollout.episodes).
+    episodes: N per-episode records (turns with their role and text, tool calls/errors, the environment's reward,
+        how it ended) or None for single-turn rollouts.
     """
 
     prompts: list[Prompt]
@@ -53,6 +57,8 @@ class Rollouts:
     logp: torch.Tensor
     truncated: torch.Tensor
     texts: list[str]
+    loss_mask: torch.Tensor | None = None
+    episodes: list[dict] | None = None
 
     @property
     def num_completions(self) -> int:
@@ -72,6 +78,8 @@ class Rollouts:
             prompt_mask=self.prompt_mask[gidx], completion_ids=self.completion_ids[idx],
             completion_mask=self.completion_mask[idx], logp=self.logp[idx], truncated=self.truncated[idx],
             texts=[self.texts[i] for i in rows],
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
         )
 
     @staticmethod
@@ -97,4 +105,8 @@ class Rollouts:
             logp=torch.cat([right(p.logp, T, 0.0) for p in parts]),
             truncated=torch.cat([p.truncated for p in parts]),
             texts=[t for p in parts for t in p.texts],
+            loss_mask=None if all(p.loss_mask is None for p in parts) else torch.cat(
+                [right(p.completion_mask if p.loss_mask is None else p.loss_mask, T, 0) for p in parts]),
+            episodes=None if all(p.episodes is None for p in parts) else [
+                e for p in parts for e in (p.episodes or [None] * p.num_completions)],
         )

@@ -143,7 +143,7 @@ def align_batch(batch, d: Dist, pad_id: int):
         batch.prompt_ids, batch.prompt_mask = pad(batch.prompt_ids, (pl, 0), value=pad_id), pad(batch.prompt_mask, (pl, 0))
     if pt:
         batch.completion_ids, batch.mask = pad(batch.completion_ids, (0, pt), value=pad_id), pad(batch.mask, (0, pt))
-        for name in ("old_logp", "ref_logp", "sampler_logp"):
+        for name in ("old_logp", "ref_logp", "sampler_logp", "attention_mask"):
             if getattr(batch, name) is not None:
                 setattr(batch, name, pad(getattr(batch, name), (0, pt)))
     return batch

@@ -128,10 +128,40 @@ class Sampler:
             completion_ids=tokens, completion_mask=completion_mask, logp=logps, truncated=~ended, texts=texts,
         )
 
+    @torch.no_grad()
+    def generate_from_ids(self, contexts: list[list[int]], uniforms: torch.Tensor, *,
+                          temperature: float | None = None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """Continue B token contexts (the ids as they are, nothing re-tokenized) by at most T = uniforms.shape[1]
+        new tokens each, one sample per context; uniforms (B, T) in [0, 1) are the draws (see sample_tokens).
+        Returns, per context, the new ids (EOS included when sampled), their log-probs under the sampling
+        distribution, and whether EOS ended it. Each context is prefilled in full (no cache is kept across calls:
+        a later turn of an episode costs the prefill of its whole context; rollout/episodes.py)."""
+        temperature = self.temperature if temperature is None else temperature
+        if not contexts or any(len(c) == 0 for c in contexts):
+            raise ValueError("generate_from_ids: every context needs at least one token")
+        device = next(self.model.parameters()).device
+        L = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), L), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), L), dtype=torch.long)
+        for i, c in enumerate(contexts):
+            ids[i, L - len(c):] = torch.tensor(c, dtype=torch.long)
+            mask[i, L - len(c):] = 1
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            tokens, logps, lengths = self._decode(ids.to(device), mask.to(device), 1, uniforms.to(device), temperature)
+        finally:
+            self.model.train(was_training)
+        eos = self.tokenizer.eos_token_id
+        tokens, logps, lengths = tokens.cpu().tolist(), logps.cpu().tolist(), lengths.cpu().tolist()
+        out_ids = [t[:n] for t, n in zip(tokens, lengths)]
+        return out_ids, [lp[:n] for lp, n in zip(logps, lengths)], [bool(t) and t[-1] == eos for t in out_ids]
+
     def _decode(self, prompt_ids, prompt_mask, n: int, uniforms, temperature: float):
-        """(tokens (N, T), logp (N, T), lengths (N,)); positions past a row's length are garbage."""
+        """(tokens (N, T), logp (N, T), lengths (N,)) with T = uniforms.shape[1]; positions past a row's length
+        are garbage."""
         model, device = self.model, prompt_ids.device
-        (P, L), T = prompt_ids.shape, self.max_new_tokens
+        (P, L), T = prompt_ids.shape, uniforms.shape[1]
         N = P * n
         eos = self.tokenizer.eos_token_id
         positions = position_ids_from_mask(prompt_mask)

@@ -10,22 +10,37 @@ from grpo.rollout import Sampler
 
 @torch.no_grad()
 def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, max_new_tokens: int = 24,
-                   max_prompt_tokens: int | None = None, progress=None) -> dict:
+                   max_prompt_tokens: int | None = None, progress=None, max_turns: int = 4,
+                   max_tokens: int | None = None) -> dict:
     """{'accuracy': float, 'n': int, 'correct': list[bool], 'completions': list[str]} under greedy decoding.
-    `progress(done, total)` is called after each batch (grpo.tracking.progress.Phase.update)."""
+    `progress(done, total)` is called after each batch (grpo.tracking.progress.Phase.update).
+    A task with an environment (grpo.train.episodes) is evaluated on greedy episodes (limits max_turns,
+    max_tokens); its final policy turn is judged, and the result adds 'tool_use_frac' (episodes that called a
+    tool) and 'episodes' (their records)."""
+    from grpo.rollout.episodes import run_episodes
+    from grpo.train.episodes import task_environment
+
     sampler = Sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=0.0,
                       max_prompt_tokens=max_prompt_tokens)
+    env = task_environment(task, tokenizer)
     completions: list[str] = []
+    episodes: list[dict] = []
     for i in range(0, len(prompts), batch_size):
-        completions += sampler.generate(prompts[i:i + batch_size], 1).texts
+        r = run_episodes(sampler, prompts[i:i + batch_size], 1, env, max_turns=max_turns, max_tokens=max_tokens)
+        completions += r.texts
+        episodes += r.episodes or []
         if progress is not None:
             progress(len(completions), len(prompts))
     if hasattr(task, "is_correct_batch"):  # e.g. the code task: its programs run concurrently in the sandbox
         correct = [bool(x) for x in task.is_correct_batch(prompts, completions)]
     else:
         correct = [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
-    return {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
-            "completions": completions}
+    out = {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
+           "completions": completions}
+    if env is not None:
+        out |= {"tool_use_frac": sum(e["tool_calls"] > 0 for e in episodes) / max(len(episodes), 1),
+                "episodes": episodes}
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

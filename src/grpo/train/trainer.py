@@ -30,6 +30,8 @@ from grpo.tracking.memory import peak_rss_mb
 from grpo.train.defaults import report_defaults
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
+from grpo.rollout.episodes import run_episodes
+from grpo.train.episodes import apply_env_rewards, env_limits, env_metrics, episode_columns, task_environment
 from grpo.train.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.types import Rollouts
@@ -155,12 +157,15 @@ class Trainer:
         (train.seed, step, round, uid), so the rollouts do not depend on batching or the world size; several
         processes: one generator per (step, round, rank); otherwise the global RNG."""
         d, seed, step = self.dist, self.cfg.train.seed, self.step_count
+        if not hasattr(self, "_env_factory"):  # multi-turn episodes when the task has an environment (train/episodes.py)
+            self._env_factory = task_environment(self.task, self.tokenizer)
         with generation(self.policy, d):  # FSDP: weights gathered once, decoding without collectives
             if self.cfg.rollout.seed_per_prompt:  # one call; each group draws from its own generator
-                generators = [d.step_generator(seed, step, round_, p.uid, self.device) for p in prompts]
-                return self.sampler.generate(prompts, G, generator=generators)
-            gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
-            return self.sampler.generate(prompts, G, generator=gen)
+                gen = [d.step_generator(seed, step, round_, p.uid, self.device) for p in prompts]
+            else:
+                gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
+            # no environment: one turn, exactly sampler.generate
+            return run_episodes(self.sampler, prompts, G, self._env_factory, generator=gen, **env_limits(self.cfg))
 
     def _score(self, rollouts: Rollouts):
         G = rollouts.group_size
@@ -168,11 +173,13 @@ class Trainer:
         for key in rollouts.prompts[0].meta if rollouts.prompts else []:
             columns[key] = [p.meta.get(key) for p in rollouts.prompts for _ in range(G)]
         prompts = [p.text for p in rollouts.prompts for _ in range(G)]
-        return self.rewards(prompts, rollouts.texts, columns)
+        columns |= episode_columns(rollouts)  # episodes: the transcript as `messages`; final policy turn scored
+        return apply_env_rewards(self.rewards(prompts, rollouts.texts, columns), rollouts)
 
     def _policy_batch(self, rollouts: Rollouts) -> PolicyBatch:
         cfg = self.cfg
-        mask = rollouts.completion_mask.float()
+        mask = (rollouts.completion_mask if rollouts.loss_mask is None else rollouts.loss_mask).float()  # episodes:
+        # the policy's tokens only; the environment's are attended (attention_mask) but carry no loss and no KL
         if cfg.algo.mask_truncated:  # a cut-off completion's reward says little about its tokens (DAPO section 3.3)
             mask = mask * (~rollouts.truncated).to(mask.dtype)[:, None]
         batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
@@ -180,7 +187,8 @@ class Trainer:
                             adv=torch.zeros(rollouts.num_completions, device=self.device),
                             group_size=rollouts.group_size,
                             # top-p renormalises the sampler's distribution: its log-probs are not comparable then
-                            sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None)
+                            sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None,
+                            attention_mask=None if rollouts.loss_mask is None else rollouts.completion_mask)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
         budget, temp, chunk = cfg.optim.micro_batch_tokens, cfg.rollout.temperature, cfg.optim.logprob_chunk_tokens
         if cfg.algo.epochs > 1 or self.critic is not None:  # mu = 1: ratio is 1, pi_old = logp.detach()
@@ -213,7 +221,7 @@ class Trainer:
         lengths = rollouts.completion_mask.sum(-1).float()
         return {"rollout/len_mean": float(lengths.mean()), "rollout/len_max": float(lengths.max()),
                 "rollout/truncated_frac": float(rollouts.truncated.float().mean()),
-                "rollout/groups": float(len(rollouts.prompts))}
+                "rollout/groups": float(len(rollouts.prompts))} | env_metrics(rollouts)
 
     def _reward_specs(self, reward_functions):
         if reward_functions is not None:
@@ -243,7 +251,8 @@ class Trainer:
             res = evaluate_model(self.policy, self.tokenizer, self.task, d.shard_strided(self.eval_prompts),
                                  batch_size=self.cfg.eval.batch_size,
                                  max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
-                                 max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress)
+                                 max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress,
+                                 **env_limits(self.cfg))
         if d.enabled:
             parts = d.gather((res["correct"], res["completions"]))
             correct, completions = d.unstride([c for c, _ in parts]), d.unstride([x for _, x in parts])

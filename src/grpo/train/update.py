@@ -37,6 +37,8 @@ class PolicyBatch:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     sampler_logp: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None  # (N, T) what the forward attends; None: `mask` (multi-turn
+    # episodes: environment tokens are attended but carry no loss, grpo.rollout.episodes)
 
     @property
     def num_groups(self) -> int:
@@ -57,7 +59,9 @@ def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice,
                         with_entropy: bool = False, chunk_size: int = DEFAULT_CHUNK_TOKENS):
     """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy, without gradient, if asked)."""
     return completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                     batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size,
+                                     batch.completion_ids[rows_n],
+                                     (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
+                                     batch.group_size,
                                      temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
                                      forward_fn=_logits_fn(model))
 

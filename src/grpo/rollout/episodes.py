@@ -1,0 +1,211 @@
+"""Multi-turn episodes, token in / token out (the contract is grpo.envs.base).
+
+    turn 1      sampler.generate(prompts, G)        the single-turn path as it is: the prompt prefilled once per
+                                                    group, shared by its G rows, LeanDecoder for Llama-family models
+    env         env.step(decoded turn) -> EnvReply  its message tokenized ONCE (grpo.envs.chat) and appended
+    turn k > 1  sampler.generate_from_ids(contexts) each live episode's whole context (prompt + every earlier turn)
+                                                    is prefilled again, then decoded (no cache kept across turns)
+
+The ids trained on are the ids sampled: the policy's turns as the sampler drew them, the environment's as
+tokenized once. An episode's completion is all its turns after the prompt, (N, T) right-padded:
+    completion_mask   1 at every real token (policy and environment): what attention sees
+    loss_mask         1 at the policy's tokens only: the loss, the KL and the group advantage apply there
+    logp              the sampler's log-probs at policy tokens, 0 at environment tokens
+
+An episode ends when
+    - a policy turn ends without EOS (its per-turn limit rollout.max_new_tokens): truncated
+    - the environment answers done=True (its reward, if it gives one, replaces the task's reward functions)
+    - env.max_turns policy turns were taken and the environment still answers: truncated
+    - the completion would pass env.max_tokens tokens (policy + environment): truncated, cut at the limit
+    - env.step raises: the error text is recorded, counted as a tool error, and the episode ends (not truncated)
+Without an environment factory the first turn is the whole episode: `run_episodes` returns generate's Rollouts
+unchanged (single-turn tasks are the one-turn case of this function).
+
+Cost of later turns: turn k prefills the whole context of each live episode (prompt + earlier turns), L_k tokens,
+without the prompt sharing of turn 1, then decodes; for E live episodes that is E * L_k prefill tokens per turn
+on top of the decode (docs in README "Tools and multi-turn episodes").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.envs.base import EnvReply
+from grpo.envs.chat import env_message_ids
+from grpo.tokens import prompt_token_ids
+from grpo.types import Prompt, Rollouts
+
+
+@dataclass
+class _Episode:
+    """One episode as it is built: the completion's ids, which are the policy's, the policy's log-probs."""
+
+    prompt: Prompt
+    env: object
+    ids: list[int] = field(default_factory=list)
+    policy: list[bool] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    done: bool = False
+    truncated: bool = False
+    end: str = ""
+    env_reward: float | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    policy_turns: int = 0
+
+    def add(self, ids: list[int], logp: list[float] | None, role: str, text: str) -> None:
+        self.ids += ids
+        self.policy += [logp is not None] * len(ids)
+        self.logp += logp if logp is not None else [0.0] * len(ids)
+        self.turns.append({"role": role, "text": text, "tokens": len(ids)})
+
+    def finish(self, end: str, truncated: bool = False) -> None:
+        self.done, self.end, self.truncated = True, end, truncated
+
+    def record(self) -> dict:
+        return {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+                "env_reward": self.env_reward, "truncated": self.truncated, "end": self.end}
+
+
+def _uniforms(rows: list[int], group_size: int, T: int, generator, device) -> torch.Tensor:
+    """(len(rows), T) uniforms for the given episode rows: from each prompt's own generator when `generator` is a
+    list (row r belongs to prompt r // group_size, so a group's draws do not depend on the batch), else one draw."""
+    if isinstance(generator, (list, tuple)):
+        parts, i = [], 0
+        while i < len(rows):
+            p, j = rows[i] // group_size, i
+            while j < len(rows) and rows[j] // group_size == p:
+                j += 1
+            g = generator[p]
+            parts.append(torch.rand((j - i, T), generator=g, device=g.device).to(device))
+            i = j
+        return torch.cat(parts)
+    dev = generator.device if generator is not None else device
+    return torch.rand((len(rows), T), generator=generator, device=dev).to(device)
+
+
+def _step(ep: _Episode, turn_text: str) -> EnvReply:
+    """env.step, never raising: an exception is recorded, counted as a tool error and ends the episode."""
+    try:
+        reply = ep.env.step(turn_text)
+        if not isinstance(reply, EnvReply):
+            raise TypeError(f"{type(ep.env).__name__}.step returned {type(reply).__name__}, not an EnvReply")
+        return reply
+    except Exception as e:  # noqa: BLE001 - an environment's bug must not stop training
+        return EnvReply(message=None, done=True, tool_errors=1,
+                        info={"error": f"{type(ep.env).__name__}.step raised {type(e).__name__}: {e}"})
+
+
+def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, max_turns: int = 1,
+                 max_tokens: int | None = None, generator=None, temperature: float | None = None) -> Rollouts:
+    """G = n episodes per prompt (prompt-major rows), each with its own environment `env_factory(prompt)`.
+    Returns Rollouts with `loss_mask` (N, T) and `episodes` (one record per row: its turns, tool calls and
+    errors, the environment's reward, how it ended); `texts` holds each episode's final policy turn.
+    env_factory None: the single-turn case, generate's Rollouts as they are."""
+    first = sampler.generate(prompts, n, generator=generator, temperature=temperature)
+    if env_factory is None:
+        return first
+    if max_turns < 1:
+        raise ValueError(f"env.max_turns must be >= 1, got {max_turns}")
+    tok = sampler.tokenizer
+    eos = tok.eos_token_id
+    budget = max_tokens if max_tokens is not None else 1 << 30
+    episodes = [_Episode(p, env_factory(p)) for p in prompts for _ in range(n)]
+    lengths = first.completion_mask.sum(-1).tolist()
+    turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
+    turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
+    prompt_ids = prompt_token_ids(tok, prompts)
+    device = first.completion_ids.device
+    while True:
+        live = _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns, budget)
+        if not live:
+            break
+        T = min(sampler.max_new_tokens, max(budget - len(episodes[r].ids) for r in live))
+        contexts = [prompt_ids[r // n] + episodes[r].ids for r in live]
+        ids, logp, _ = sampler.generate_from_ids(contexts, _uniforms(live, n, T, generator, device),
+                                                 temperature=temperature)
+        turn_ids, turn_logp = [None] * len(episodes), [None] * len(episodes)
+        for r, i, lp in zip(live, ids, logp):
+            turn_ids[r], turn_logp[r] = i, lp
+    return _assemble(first, episodes, tok.pad_token_id)
+
+
+def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget: int) -> list[int]:
+    """Append each live episode's new policy turn, step its environment, append its reply; returns the rows that
+    go on to another policy turn."""
+    live = []
+    for r, ep in enumerate(episodes):
+        if ep.done or turn_ids[r] is None:
+            continue
+        ids, logp = turn_ids[r], turn_logp[r]
+        room = budget - len(ep.ids)
+        cut = len(ids) > room
+        ids, logp = ids[:room], logp[:room]
+        ended = bool(ids) and ids[-1] == eos
+        text = tok.decode(ids, skip_special_tokens=True)
+        ep.add(ids, logp, "policy", text)
+        ep.policy_turns += 1
+        if not ended:
+            ep.finish("max_tokens" if cut else "turn_limit", truncated=True)
+            continue
+        reply = _step(ep, text)
+        ep.tool_calls += reply.tool_calls
+        ep.tool_errors += reply.tool_errors
+        if reply.info.get("error"):
+            ep.turns.append({"role": "error", "text": reply.info["error"], "tokens": 0})
+        if reply.done:
+            ep.env_reward = reply.reward
+            if reply.message is not None:
+                ep.turns.append({"role": reply.role, "text": reply.message, "tokens": 0})
+            ep.finish("env_error" if reply.info.get("error") else "done")
+            continue
+        if ep.policy_turns >= max_turns:
+            ep.finish("max_turns", truncated=True)
+            continue
+        try:
+            env_ids = env_message_ids(tok, reply.message or "", reply.role, ep.prompt.templated, True)
+        except ValueError as e:
+            ep.tool_errors += 1
+            ep.turns.append({"role": "error", "text": str(e), "tokens": 0})
+            ep.finish("env_error")
+            continue
+        if len(ep.ids) + len(env_ids) >= budget:  # no room left for a policy token after the reply
+            ep.finish("max_tokens", truncated=True)
+            continue
+        ep.add(env_ids, None, reply.role, reply.message or "")
+        live.append(r)
+    return live
+
+
+def _assemble(first: Rollouts, episodes: list[_Episode], pad: int) -> Rollouts:
+    """The episodes as Rollouts: (N, T) ids, attention mask, loss mask and log-probs, right-padded."""
+    N, T = len(episodes), max(1, max(len(ep.ids) for ep in episodes))
+    device = first.completion_ids.device
+    ids = torch.full((N, T), pad, dtype=torch.long)
+    mask = torch.zeros((N, T), dtype=torch.long)
+    loss_mask = torch.zeros((N, T), dtype=torch.long)
+    logp = torch.zeros((N, T))
+    for i, ep in enumerate(episodes):
+        k = len(ep.ids)
+        ids[i, :k] = torch.tensor(ep.ids, dtype=torch.long)
+        mask[i, :k] = 1
+        loss_mask[i, :k] = torch.tensor(ep.policy, dtype=torch.long)
+        logp[i, :k] = torch.tensor(ep.logp)
+    texts = [next((t["text"] for t in reversed(ep.turns) if t["role"] == "policy"), "") for ep in episodes]
+    return Rollouts(prompts=first.prompts, group_size=first.group_size, prompt_ids=first.prompt_ids,
+                    prompt_mask=first.prompt_mask, completion_ids=ids.to(device), completion_mask=mask.to(device),
+                    logp=logp.to(device), truncated=torch.tensor([ep.truncated for ep in episodes], device=device),
+                    texts=texts, loss_mask=loss_mask.to(device), episodes=[ep.record() for ep in episodes])
+
+
+def episode_messages(prompt: Prompt, record: dict) -> list[dict]:
+    """An episode as chat messages (the `messages` column the task's reward functions get): the prompt as the user's
+    message, policy turns as the assistant's, environment turns under their role."""
+    msgs = [{"role": "user", "content": prompt.text}]
+    for t in record["turns"]:
+        if t["role"] != "error":
+            msgs.append({"role": "assistant" if t["role"] == "policy" else t["role"], "content": t["text"]})
+    return msgs

@@ -1,0 +1,119 @@
+"""Multi-turn episodes (grpo.rollout.episodes): the ids trained on are the ids sampled, environment tokens are
+attended but carry no loss, the limits cut and count, and a broken environment never stops the rollout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_helpers import make_prompts, tiny_model
+
+from grpo.envs.base import EnvReply
+from grpo.rollout import Sampler
+from grpo.rollout.episodes import run_episodes
+
+
+class CountingEnv:
+    """Answers '<result>k</result>' to the first `turns - 1` turns, then ends the episode."""
+
+    def __init__(self, prompt, turns: int = 3):
+        self.k, self.turns = 0, turns
+
+    def step(self, turn):
+        self.k += 1
+        if self.k >= self.turns:
+            return EnvReply(done=True)
+        return EnvReply(message=f"<result>{self.k}</result>\n", tool_calls=1)
+
+
+def naive_logp(model, tok, prompt_text: str, completion: list[int]) -> torch.Tensor:
+    """Reference: one forward over the unpadded sequence prompt + completion; log-prob of each completion token."""
+    ids = tok(prompt_text, add_special_tokens=True)["input_ids"] + completion
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    P = len(ids) - len(completion)
+    return torch.stack([lp[P + t - 1, completion[t]] for t in range(len(completion))])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_recomputed_log_probs_of_an_episode_equal_the_samplers(tok, arch):
+    model = tiny_model(arch, tok, eos_bias=3.0)
+    prompts = make_prompts()
+    r = run_episodes(Sampler(model, tok, max_new_tokens=8), prompts, 3, CountingEnv, max_turns=4,
+                     generator=torch.Generator().manual_seed(0))
+    assert r.loss_mask is not None and sum(e["tool_calls"] for e in r.episodes) > 0
+    multi = 0
+    for i, ep in enumerate(r.episodes):
+        n = int(r.completion_mask[i].sum())
+        ids = r.completion_ids[i, :n].tolist()
+        ref = naive_logp(model, tok, prompts[i // 3].text, ids)
+        policy = r.loss_mask[i, :n].bool()
+        torch.testing.assert_close(r.logp[i, :n][policy], ref[policy], atol=1e-4, rtol=0)
+        assert torch.all(r.logp[i, :n][~policy] == 0)
+        # environment tokens are the message tokenized once, where the turns say they are
+        pos = 0
+        for t in ep["turns"]:
+            if t["role"] == "tool" and t["tokens"]:
+                assert ids[pos:pos + t["tokens"]] == tok(t["text"], add_special_tokens=False)["input_ids"]
+                assert not policy[pos:pos + t["tokens"]].any()
+            pos += t["tokens"]
+        multi += sum(t["role"] == "policy" for t in ep["turns"]) > 1
+    assert multi > 0  # some episodes really had several policy turns
+
+
+def test_the_trainers_forward_recomputes_the_samplers_log_probs(tok):
+    """The shared-prefix training forward over a whole episode (attention mask = every token, loss mask = the
+    policy's) gives the sampler's log-probs at the policy's tokens."""
+    from grpo.models.forward import completion_token_logprobs
+
+    model = tiny_model("llama", tok, eos_bias=3.0)
+    r = run_episodes(Sampler(model, tok, max_new_tokens=8), make_prompts(), 2, CountingEnv, max_turns=3,
+                     generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logp, _ = completion_token_logprobs(model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, 2)
+    m = r.loss_mask.bool()
+    torch.testing.assert_close(logp[m], r.logp[m], atol=1e-4, rtol=0)
+
+
+def test_without_an_environment_it_is_generate(tok):
+    model = tiny_model("llama", tok)
+    s = Sampler(model, tok, max_new_tokens=6)
+    a = run_episodes(s, make_prompts(), 2, None, generator=torch.Generator().manual_seed(3))
+    b = s.generate(make_prompts(), 2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.loss_mask is None and a.episodes is None
+
+
+def test_limits_cut_and_count_as_truncated(tok):
+    model = tiny_model("llama", tok, eos_bias=3.0)
+    s = Sampler(model, tok, max_new_tokens=8)
+    r = run_episodes(s, make_prompts(), 2, lambda p: CountingEnv(p, turns=99), max_turns=2,
+                     generator=torch.Generator().manual_seed(0))
+    for ep in r.episodes:  # the environment never ends: every episode stops at a limit
+        assert ep["truncated"] and ep["end"] in ("max_turns", "turn_limit")
+        assert sum(t["role"] == "policy" for t in ep["turns"]) <= 2
+    assert bool(r.truncated.all())
+    r = run_episodes(s, make_prompts(), 2, lambda p: CountingEnv(p, turns=99), max_turns=9, max_tokens=30,
+                     generator=torch.Generator().manual_seed(0))
+    assert int(r.completion_mask.sum(-1).max()) <= 30 and bool(r.truncated.all())
+    assert {e["end"] for e in r.episodes} <= {"max_tokens", "turn_limit"}
+
+
+def test_an_environment_that_raises_ends_its_episode_only(tok):
+    class Broken:
+        def __init__(self, prompt):
+            self.bad = prompt.uid == "p1"
+
+        def step(self, turn):
+            if self.bad:
+                raise RuntimeError("boom")
+            return EnvReply(done=True, reward=0.5)
+
+    model = tiny_model("llama", tok, eos_bias=6.0)  # EOS first or soon: every first turn ends
+    r = run_episodes(Sampler(model, tok, max_new_tokens=8), make_prompts(), 2, Broken,
+                     generator=torch.Generator().manual_seed(0))
+    for i, ep in enumerate(r.episodes):
+        if i // 2 == 1:
+            assert ep["end"] == "env_error" and ep["tool_errors"] == 1
+            assert any(t["role"] == "error" and "boom" in t["text"] for t in ep["turns"])
+        else:
+            assert ep["end"] == "done" and ep["env_reward"] == 0.5
