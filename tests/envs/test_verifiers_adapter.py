@@ -126,6 +126,25 @@ def test_tool_env_calls_tools_and_answers_a_malformed_call_with_an_error():
     assert r.done and r.reward == 1.0 and r.info["metrics"]["total_tool_calls"] == 3.0
 
 
+def test_an_episode_dropped_unfinished_frees_its_loop_at_once():
+    """grpo's rollout drops the environments of episodes it cut: no file descriptors may pile up until a GC."""
+    import gc
+
+    env = GuessEnv(dataset=Dataset.from_list(SUMS), rubric=vf.Rubric(funcs=[found_fast]))
+    task = task_of(env)
+    p = task.split("train", 1)[0]
+    gc.disable()
+    try:
+        ep = task.environment_factory()(p)
+        ep.step("-1")
+        loop = ep._loop
+        assert not ep.done and not loop.is_closed()
+        del ep
+        assert loop.is_closed()
+    finally:
+        gc.enable()
+
+
 def test_parse_tool_calls():
     content, calls = parse_tool_calls('hi <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> '
                                       '<tool_call>{"name": "g", "arguments": "{\\"y\\": 2}"}</tool_call>')

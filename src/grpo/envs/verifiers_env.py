@@ -181,7 +181,9 @@ class VerifiersEpisode:
         self._tools = _tool_names(env)
         self._client = _policy_client_class()(parse_tools=bool(self._tools))
         self._client.request = self._loop.create_future()
-        self._task = self._loop.create_task(self._run(row))
+        # the coroutine holds no reference to this object, so an episode the rollout drops unfinished is freed (and
+        # its loop closed, by __del__) at once, not at the next garbage collection
+        self._task = self._loop.create_task(_rollout_and_score(env, self._client, row))
         self._turns: list[str] = []
         self._seen: list[dict] = []
         self.state: dict | None = None
@@ -190,12 +192,6 @@ class VerifiersEpisode:
         if not self._task.done():
             messages, self.state = self._client.request.result()
             self._seen = _plain(messages)
-
-    async def _run(self, row: dict):
-        state = await self._env.rollout(row, self._client, MODEL_NAME, None)
-        await self._env.rubric.score_rollout(state)
-        await self._env.rubric.cleanup(state)
-        return state
 
     def _advance(self) -> None:
         """Run verifiers' rollout until it asks for the model's next turn or ends."""
@@ -269,7 +265,8 @@ class VerifiersEpisode:
             return
         if not self._task.done():
             self._task.cancel()
-            self._loop.run_until_complete(asyncio.gather(self._task, return_exceptions=True))
+            if asyncio._get_running_loop() is None:  # (a loop running in this thread cannot run another)
+                self._loop.run_until_complete(asyncio.gather(self._task, return_exceptions=True))
         self._loop.close()
 
     def __del__(self):
@@ -277,6 +274,15 @@ class VerifiersEpisode:
             self.close()
         except Exception:  # interpreter shutdown
             pass
+
+
+async def _rollout_and_score(env, client, row: dict):
+    """verifiers' own rollout of `row` with `client` as the model, then its rubric's score (as its
+    `run_rollout` does)."""
+    state = await env.rollout(row, client, MODEL_NAME, None)
+    await env.rubric.score_rollout(state)
+    await env.rubric.cleanup(state)
+    return state
 
 
 def _has_group_funcs(rubric) -> bool:
