@@ -88,6 +88,8 @@ def test_a_verifiers_multi_turn_environment_trains_with_its_rubric_as_the_reward
         # both paths ran: episodes verifiers ended (its rubric's reward, kept at the end) and episodes the rollout
         # cut (a turn without EOS: scored by replaying the turns)
         assert "done" in ends and "turn_limit" in ends, ends
+        res = trainer.evaluate()  # greedy episodes on the held-out rows, judged by the rubric's pass_threshold
+        assert res["n"] == len(res["episodes"]) == 2 and 0.0 <= res["accuracy"] <= 1.0
     finally:
         hook.remove()
         trainer.close()
@@ -107,6 +109,10 @@ def test_a_reasoning_gym_task_trains_with_its_scorer_as_the_reward(model_dir, tm
         for _ in range(2):
             metrics = trainer.step()
         assert "reward/reasoning_gym" in metrics
+        res = trainer.evaluate()
+        want = [trainer.task.score("test", p.meta["rg_index"], c) == 1.0
+                for p, c in zip(trainer.eval_prompts, res["completions"])]
+        assert res["n"] == 2 and res["correct"] == want
         # the trainer's own reward runner, on hand-made answers to its training prompts
         prompts = trainer.train_prompts[:3]
         sums = [sum(int(x) for x in trainer.task.entry("train", p.meta["rg_index"])["question"]
