@@ -200,6 +200,7 @@ def test_splits_never_overlap_and_prompts_use_the_chat_template():
 def test_data_task_names_an_installed_environment_module(tmp_path, monkeypatch):
     from grpo.config import load_config
     from grpo.data.base import task_from_config
+    from grpo.errors import ConfigError
 
     (tmp_path / "grpo_test_sums_env.py").write_text(
         "import verifiers as vf\nfrom datasets import Dataset\n"
@@ -217,6 +218,8 @@ def test_data_task_names_an_installed_environment_module(tmp_path, monkeypatch):
     assert len(prompts) == 30
     p = prompts[0]
     assert task.environment_factory()(p).step(p.answer).reward == 1.0
+    with pytest.raises(ConfigError, match="built-in model"):
+        task_from_config(load_config(None, ["data.task=verifiers:grpo-test-sums-env"]))
 
 
 def test_group_rubrics_and_non_environments_are_refused():

@@ -62,6 +62,12 @@ def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loade
     if cfg.data.task.startswith("verifiers:"):  # pip install 'grpo[verifiers]' (envs/verifiers_env.py)
         from grpo.envs.verifiers_env import load_task
 
+        if cfg.model.name == "builtin:tiny":
+            from grpo.errors import ConfigError
+
+            raise ConfigError(f"data.task={cfg.data.task}: the built-in model has no warm-up for a verifiers "
+                              "environment; use model.name=<a local Hugging Face model directory>")
+
         return load_task(cfg.data.task[len("verifiers:"):], cfg.data.task_options, tokenizer=tokenizer,
                          tokenizer_loader=tokenizer_loader)
     return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
