@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warmup", help="build the built-in model with the supervised warm-up, measure it, write its "
                        "recipe (the default ones ship with grpo)")
     w.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. warmup.seed=1")
-    w.add_argument("--task", choices=["arithmetic", "code"], help="built-in task (default arithmetic)")
+    w.add_argument("--task", choices=["arithmetic", "code", "tools"], help="built-in task (default arithmetic)")
     w.add_argument("--preset", help="preset whose settings apply (default: grpo, or code for --task code)")
     w.add_argument("--output", help="directory to write (default ./warm-<task>)")
     w.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy in the recipe")

@@ -76,6 +76,7 @@ def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loade
 def get_task(name: str, **kwargs) -> Task:
     import grpo.data.arithmetic  # noqa: F401  (registers the built-in tasks)
     import grpo.data.code  # noqa: F401
+    import grpo.data.tools  # noqa: F401
 
     if name not in TASKS:
         raise ValueError(f"data.task must be one of {sorted(TASKS)}, got {name!r}")

@@ -11,12 +11,25 @@ from pathlib import Path
 
 from grpo.tracking.metrics import read_jsonl
 
+ENV_KEYS = ["env/turns_mean", "env/tool_calls_mean", "env/tool_errors_frac", "env/truncated_frac"]
 KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "rollout/truncated_frac", "loss/policy",
         "policy/clip_frac", "policy/entropy", "policy/kl", "perf/step_s", "eval/accuracy"]
 
 
 def _fmt(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+
+
+def _completion(sample: dict, j: int, text: str) -> str:
+    """A completion's cell: its text, or for an episode every turn, marked policy or environment (its role)."""
+    episodes = sample.get("episodes")
+    if not episodes or episodes[j] is None:
+        return f"<code>{html.escape(text)}</code>"
+    turns = "".join(
+        f'<div class="turn {"policy" if t["role"] == "policy" else "env"}"><b>[{html.escape(t["role"])}]</b> '
+        f"<code>{html.escape(t['text'])}</code></div>" for t in episodes[j]["turns"])
+    end = episodes[j].get("end", "")
+    return turns + (f"<div><i>ended: {html.escape(end)}</i></div>" if end else "")
 
 
 def write_report(run_dir: Path) -> Path:
@@ -37,6 +50,8 @@ def write_report(run_dir: Path) -> Path:
     samples = read_jsonl(run_dir / "samples.jsonl")[-4:]
     config = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
     keys = KEYS[:2] + reward_function_keys(rows) + KEYS[2:]
+    if any("env/turns_mean" in r for r in rows):  # multi-turn episodes (grpo.rollout.episodes)
+        keys += ENV_KEYS
     every = max(1, len(rows) // 30)
     table = "".join(
         "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>"
@@ -46,14 +61,14 @@ def write_report(run_dir: Path) -> Path:
         f"<h3>step {s['step']}: {html.escape(s['prompt'].strip())} (answer {html.escape(str(s.get('answer')))})</h3>"
         f"<p>mean {_fmt(s['reward_mean'])}, std {_fmt(s['reward_std'])}</p><table><tr><th>completion</th>"
         "<th>reward</th><th>advantage</th></tr>"
-        + "".join(f"<tr><td><code>{html.escape(c)}</code></td><td>{_fmt(r)}</td><td>{_fmt(a)}</td></tr>"
-                  for c, r, a in zip(s["completions"], s["rewards"], s["advantages"]))
+        + "".join(f"<tr><td>{_completion(s, j, c)}</td><td>{_fmt(r)}</td><td>{_fmt(a)}</td></tr>"
+                  for j, (c, r, a) in enumerate(zip(s["completions"], s["rewards"], s["advantages"])))
         + "</table>"
         for s in samples
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>grpo run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}pre{{background:#f5f5f5;padding:1em}}</style></head><body>
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}.turn.env{{color:#555;background:#f3f3f3}}pre{{background:#f5f5f5;padding:1em}}</style></head><body>
 <h1>grpo run {html.escape(run_dir.name)}</h1>
 <table>{''.join(f'<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>' for k, v in summary.items())}</table>
 {images}

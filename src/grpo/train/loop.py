@@ -152,6 +152,8 @@ def _log_samples(trainer, writer: JsonlWriter, step: int, printer: RunConsole | 
         record = {"step": step, "prompt": r.prompts[g].text, "answer": r.prompts[g].answer,
                   "completions": [r.texts[i] for i in rows], "rewards": rewards,
                   "advantages": [adv[i] for i in rows], "reward_mean": mean, "reward_std": std}
+        if r.episodes is not None:  # multi-turn: each episode's turns, marked policy or environment (their role)
+            record["episodes"] = [r.episodes[i] for i in rows]
         writer.write(record)
         if show and g == 0 and printer is not None:
             printer.print_group(step, record["prompt"], record["completions"], rewards, record["advantages"], mean, std)

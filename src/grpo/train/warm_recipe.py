@@ -52,9 +52,13 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     with Phase("evaluating", len(prompts), "problems", console=console) as ph:
         res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
-                             max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update)
-    return {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
-            "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
+                             max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update,
+                             max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens)
+    out = {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
+           "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
+    if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
+        out["tool_use_frac"] = res["tool_use_frac"]
+    return out
 
 
 def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -> dict:
@@ -86,7 +90,7 @@ def main(args) -> int:
     from grpo.config import load_config
     from grpo.models.builtin import shipped_model_dir
 
-    preset = args.preset or ("code" if args.task == "code" else "grpo")
+    preset = args.preset or (args.task if args.task in ("code", "tools") else "grpo")
     overrides = list(args.overrides) + ([f"data.task={args.task}"] if args.task else [])
     cfg = load_config(preset, overrides)
     console = Console(highlight=False, markup=False)

@@ -26,8 +26,8 @@ def demonstration_batch(tokenizer, task, prompts, rng=None):
     """Left-padded (B, S) ids/mask of prompt + demonstration + EOS, and labels (-100 except completion tokens)."""
     rows = []
     for p, prompt in zip(prompts, prompt_token_ids(tokenizer, prompts)):  # as the sampler feeds them in RL
-        completion = tokenizer(task.demonstration(p, rng), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((prompt + completion, [-100] * len(prompt) + completion))
+        ids, labels = demonstration_ids(tokenizer, p, task.demonstration(p, rng))
+        rows.append((prompt + ids, [-100] * len(prompt) + labels))
     S = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), S), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), S), dtype=torch.long)
@@ -37,6 +37,25 @@ def demonstration_batch(tokenizer, task, prompts, rng=None):
         mask[i, S - len(seq):] = 1
         labels[i, S - len(seq):] = torch.tensor(lab)
     return ids, mask, labels
+
+
+def demonstration_ids(tokenizer, prompt, demo) -> tuple[list[int], list[int]]:
+    """(ids, labels) of a demonstration after its prompt. A string is one policy turn; a list of (role, text) is an
+    episode (tasks with an environment): 'policy' turns are trained on, each ending with EOS; any other role is an
+    environment message, tokenized as the rollout appends it (grpo.envs.chat) and not trained on (-100)."""
+    from grpo.envs.chat import env_message_ids
+
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    labels: list[int] = []
+    for role, text in ([("policy", demo)] if isinstance(demo, str) else demo):
+        if role == "policy":
+            turn = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+            ids, labels = ids + turn, labels + turn
+        else:
+            turn = env_message_ids(tokenizer, text, role, prompt.templated, True)
+            ids, labels = ids + turn, labels + [-100] * len(turn)
+    return ids, labels
 
 
 def warm_up(model, tokenizer, task, *, steps: int, batch_size: int, lr: float, seed: int, train_size: int,
@@ -75,7 +94,8 @@ def build_warm_model(cfg, task, out_dir: Path, console=None) -> None:
 
     task = task or get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=cfg.warmup.seed)
+    start = getattr(task, "warm_start", None)  # a task may start from another task's shipped warm model
+    model = shipped_task_model(start) if start else build_model(tokenizer, seed=cfg.warmup.seed)
     w = cfg.warmup
     with Phase(f"warm-up of the built-in model ({task.name})", w.steps, "steps", console=console) as ph, \
             torch.random.fork_rng():
@@ -87,6 +107,22 @@ def build_warm_model(cfg, task, out_dir: Path, console=None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+
+
+def shipped_task_model(name: str):
+    """The shipped warm model of built-in task `name` (grpo/models/weights/<name>), its weights checked against the
+    sha256 its recipe records (ValueError naming the directory when they differ or it is missing)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.builtin import SHIPPED_DIR, read_recipe, sha256_file
+
+    path = SHIPPED_DIR / name
+    recipe = read_recipe(path)
+    weights = path / "model.safetensors"
+    if recipe is None or not weights.is_file() or sha256_file(weights) != recipe.get("sha256"):
+        raise ValueError(f"the shipped warm model {path} (the warm-up's starting point) is missing or does not match "
+                         "its recorded sha256")
+    return AutoModelForCausalLM.from_pretrained(path)
 
 
 def warm_task(cfg, task=None):
