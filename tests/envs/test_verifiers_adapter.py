@@ -16,10 +16,21 @@ if not hasattr(vf, "MultiTurnEnv"):
 from datasets import Dataset  # noqa: E402  (a verifiers dependency)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import chat_tokenizer  # noqa: E402
+from tiny_hf import CHAT_TEMPLATE, chat_tokenizer  # noqa: E402
 
 from grpo.envs.base import Environment  # noqa: E402
-from grpo.envs.verifiers_env import VerifiersTask, parse_tool_calls  # noqa: E402
+from grpo.envs.verifiers_env import VerifiersTask, parse_tool_calls, policy_tool_calls  # noqa: E402
+
+# a ChatML template that shows tools and asks for Hermes-style <tool_call> blocks (as Qwen 2.5's does)
+HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function') | map(attribute='name') "
+                   "| join(', ') }}. Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
+                   "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
+
+
+def hermes_tokenizer():
+    tok = chat_tokenizer()
+    tok.chat_template = HERMES_TEMPLATE
+    return tok
 
 SUMS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(6) for b in range(5)]
 
@@ -109,11 +120,22 @@ def test_multi_turn_feedback_then_the_rubric_at_the_end():
     assert [r.done for r in replies] == [False, False, False, True] and replies[-1].reward == 0.0
 
 
-def test_tool_env_calls_tools_and_answers_a_malformed_call_with_an_error():
-    env = vf.ToolEnv(dataset=Dataset.from_list(SUMS), tools=[add], max_turns=4, rubric=vf.Rubric(funcs=[exact]))
-    task = task_of(env)
+def tool_env():
+    return vf.ToolEnv(dataset=Dataset.from_list(SUMS), tools=[add], max_turns=4, rubric=vf.Rubric(funcs=[exact]))
+
+
+def operands(p) -> tuple[int, int]:
+    a, b = p.text.split("What is ")[1].split("?")[0].split(" + ")
+    return int(a), int(b)
+
+
+def test_tool_env_in_the_templates_format_calls_tools_and_answers_a_malformed_call_with_an_error():
+    tok = hermes_tokenizer()
+    task = task_of(tool_env(), tok)
+    assert task.call_format == "hermes"
     p = task.split("train", 3)[2]
-    a, b = (int(x) for x in p.text.split("What is ")[1].split("?")[0].split(" + "))
+    assert p.text.startswith("<|im_start|>system\nTools: add. Call one as <tool_call>")  # the template shows them
+    a, b = operands(p)
     ep = task.environment_factory()(p)
     r = ep.step(f'Let me add. <tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>')
     assert (r.done, r.message, r.role, r.tool_calls, r.tool_errors) == (False, str(a + b), "tool", 1, 0)
@@ -124,6 +146,23 @@ def test_tool_env_calls_tools_and_answers_a_malformed_call_with_an_error():
     assert not r.done and r.tool_errors == 1 and "multiply" in r.message
     r = ep.step(str(a + b))  # no call: ToolEnv ends the episode, the rubric scores the last message
     assert r.done and r.reward == 1.0 and r.info["metrics"]["total_tool_calls"] == 3.0
+
+
+def test_tool_env_in_the_tag_format_where_the_template_shows_no_tools():
+    tok = chat_tokenizer()  # its template has no tool support
+    task = task_of(tool_env(), tok)
+    assert task.call_format == "tags"
+    p = task.split("train", 3)[2]
+    system = p.text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nYou can call these tools") and '"name": "add"' in system
+    a, b = operands(p)
+    ep = task.environment_factory()(p)
+    r = ep.step(f"Adding. <call>add({a}, b={b})</call>")  # positional arguments take the schema's order
+    assert (r.done, r.message, r.role, r.tool_calls, r.tool_errors) == (False, str(a + b), "tool", 1, 0)
+    r = ep.step("<call>add(1, 2, 3)</call> <call>add(1, </call>")  # too many arguments; not a call at all
+    assert not r.done and (r.tool_calls, r.tool_errors) == (2, 2) and r.message.count("\n") == 1
+    r = ep.step(str(a + b))
+    assert r.done and r.reward == 1.0
 
 
 def test_an_episode_dropped_unfinished_frees_its_loop_at_once():
@@ -146,6 +185,9 @@ def test_an_episode_dropped_unfinished_frees_its_loop_at_once():
 
 
 def test_parse_tool_calls():
+    params = {"f": ["x", "y"]}
+    assert policy_tool_calls('go <call>f(1, y="a")</call>', "tags", params) == (
+        "go", [{"id": "call_0", "name": "f", "arguments": '{"x": 1, "y": "a"}', "parsed": True}])
     content, calls = parse_tool_calls('hi <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call> '
                                       '<tool_call>{"name": "g", "arguments": "{\\"y\\": 2}"}</tool_call>')
     assert content == "hi"

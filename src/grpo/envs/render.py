@@ -4,8 +4,7 @@
                                      the model's own turn markers (and tool list, where its template shows one);
                                      the text is `templated` (grpo.tokens adds no special tokens again)
     no chat template (plain model)   the messages' contents, one paragraph each (a blank line between them), then
-                                     a newline; tools, when there are any, are listed first with the tag format a
-                                     call must use (TOOL_CALL_FORMAT)
+                                     a newline (a caller that has tools lists them in a message: `tool_listing`)
 
 Used by the reasoning-gym tasks (grpo.data.reasoning_gym) and the verifiers adapter (grpo.envs.verifiers_env).
 """
@@ -15,9 +14,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-# How a model without a chat template is told to call a tool (the Hermes / Qwen format, which
-# grpo.envs.verifiers_env parses back out of a policy turn).
-TOOL_CALL_FORMAT = '<tool_call>{"name": "<tool name>", "arguments": {<arguments as JSON>}}</tool_call>'
+
+def tool_listing(tools: Sequence[dict]) -> str:
+    """A system message's text telling a model whose chat template shows no tools which tools it has and how to call
+    them: grpo.envs.tools' tag format, `<call>name(argument=value, ...)</call>` with Python literals."""
+    listed = "\n".join(json.dumps(t.get("function", t), sort_keys=True) for t in tools)
+    return ("You can call these tools, one call per <call>...</call>, written as "
+            "<call>name(argument=value, ...)</call> with Python literals; each result comes back as the next "
+            f"message. Answer without a call when you are done.\n{listed}")
 
 
 def message_text(content) -> str:
@@ -36,7 +40,7 @@ def message_text(content) -> str:
 
 def render_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> tuple[str, bool]:
     """(prompt text, templated) for `messages` ([{'role', 'content'}, ...]) and optional OpenAI-style tool
-    definitions ([{'type': 'function', 'function': {'name', 'description', 'parameters'}}]).
+    definitions ([{'type': 'function', 'function': {'name', 'description', 'parameters'}}]) for the chat template.
     Raises ValueError when `messages` is empty or a message has no role."""
     if not messages:
         raise ValueError("render_messages: no messages to render")
@@ -48,9 +52,5 @@ def render_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] |
         kwargs = {"tools": list(tools)} if tools else {}
         text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **kwargs)
         return text, True
-    paragraphs = []
-    if tools:
-        listed = "\n".join(json.dumps(t.get("function", t), sort_keys=True) for t in tools)
-        paragraphs.append(f"Tools you can call, one call per line as {TOOL_CALL_FORMAT}:\n{listed}")
-    paragraphs += [m["content"].strip() for m in plain if m["content"].strip()]
+    paragraphs = [m["content"].strip() for m in plain if m["content"].strip()]
     return "\n\n".join(paragraphs) + "\n", False

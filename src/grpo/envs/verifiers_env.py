@@ -23,10 +23,13 @@ An environment's messages after a turn (several tool results, say) become one En
 newline, under their role when they share it, else "user". An environment whose `get_prompt_messages` rewrites
 earlier messages (context editing) cannot run token-in/token-out: the adapter raises ValueError naming it.
 
-Tool calls. A policy turn of an environment with tools is parsed for calls in the Hermes / Qwen format that chat
-templates with tools show the model: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (grpo.envs.render
-lists the tools in that format for a model without a template). A call whose JSON does not parse reaches
-verifiers as a call with unparsable arguments, which ToolEnv answers with an error message (never an exception).
+Tool calls. The policy calls an environment's tools in grpo.envs.tools' formats: the chat template's own
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes / Qwen) where the template writes such blocks
+(then it shows the tools itself, `apply_chat_template(..., tools=...)`), else the tag format
+`<call>name(argument=value, ...)</call>` (Python literals; positional arguments take the schema's parameter order),
+with the tools listed in a system message. A call that does not parse reaches verifiers with arguments that are not
+JSON, which ToolEnv answers with an error message (never an exception); it counts in `tool_errors`, as does a call
+to a tool the environment does not have.
 
 An episode grpo's rollout cuts before verifiers ends it (env.max_turns, env.max_tokens, a turn without EOS) gets no
 reward from the environment; the task's reward function `verifiers_rubric` then scores it: it replays the
@@ -47,7 +50,8 @@ from collections import OrderedDict
 from typing import Any
 
 from grpo.envs.base import EnvReply
-from grpo.envs.render import message_text, render_messages
+from grpo.envs.render import message_text, render_messages, tool_listing
+from grpo.envs.tools import call_format_for, parse_calls
 from grpo.errors import MissingExtraError
 from grpo.types import Prompt
 
@@ -100,6 +104,38 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
     return content, calls
 
 
+def _tag_tool_calls(text: str, params: dict[str, list[str]]) -> tuple[str, list[dict]]:
+    """parse_tool_calls for grpo.envs.tools' tag format (`<call>name(args)</call>`, Python literals): positional
+    arguments are named after the tool's parameters, in their schema's order. A call that does not parse, or names
+    too many arguments, keeps the reason as its `arguments` (not JSON: the environment answers with an error)."""
+    calls = []
+    for k, c in enumerate(parse_calls(text, "tags")):
+        names = params.get(c.name or "", [])
+        error = c.error or (f"{c.name} takes {len(names)} arguments, got {len(c.args)} positional"
+                            if c.name in params and len(c.args) > len(names) else None)
+        if error:
+            calls.append({"id": f"call_{k}", "name": c.name or "", "arguments": error, "parsed": False})
+            continue
+        args = dict(zip(names, c.args)) | dict(c.kwargs or {})
+        calls.append({"id": f"call_{k}", "name": c.name, "arguments": json.dumps(args), "parsed": True})
+    content = re.sub(r"<call>.*?(</call>|$)", "", text, flags=re.DOTALL).strip() if calls else text
+    return content, calls
+
+
+def policy_tool_calls(text: str, fmt: str, params: dict[str, list[str]]) -> tuple[str, list[dict]]:
+    """The tool calls of a policy turn in the call format `fmt` ('hermes' or 'tags', grpo.envs.tools)."""
+    return parse_tool_calls(text) if fmt == "hermes" else _tag_tool_calls(text, params)
+
+
+def _tool_params(env) -> dict[str, list[str]]:
+    """{tool name: its parameter names in the schema's order}."""
+    out = {}
+    for t in _openai_tools(getattr(env, "tool_defs", None)):
+        f = t["function"]
+        out[f["name"]] = list((f.get("parameters") or {}).get("properties", {}))
+    return out
+
+
 def _openai_tools(tool_defs) -> list[dict]:
     """verifiers' tool definitions (vf.Tool or dicts with name, description, parameters) in the OpenAI format chat
     templates take (`apply_chat_template(..., tools=...)`)."""
@@ -132,9 +168,9 @@ def _policy_client_class():
         """A verifiers Client whose model is grpo's policy: `get_native_response` publishes the request (the
         messages, verifiers' state) on `request` and waits for the episode's `step` to answer on `reply`."""
 
-        def __init__(self, parse_tools: bool):
+        def __init__(self, fmt: str | None, params: dict[str, list[str]]):
             super().__init__(None)
-            self.parse_tools = parse_tools
+            self.fmt, self.params = fmt, params  # fmt None: the environment has no tools, nothing is parsed
             self.request: asyncio.Future | None = None
             self.reply: asyncio.Future | None = None
 
@@ -156,7 +192,7 @@ def _policy_client_class():
             return None
 
         async def from_native_response(self, text: str):
-            content, calls = parse_tool_calls(text) if self.parse_tools else (text, [])
+            content, calls = policy_tool_calls(text, self.fmt, self.params) if self.fmt else (text, [])
             tool_calls = [ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls] or None
             message = ResponseMessage(content=content, tool_calls=tool_calls, is_truncated=False,
                                       finish_reason="tool_calls" if tool_calls else "stop")
@@ -173,13 +209,14 @@ def _policy_client_class():
 class VerifiersEpisode:
     """One episode of a verifiers environment (grpo.envs.base.Environment): `step(turn)` answers each policy turn.
 
+    fmt: the tool-call format of the policy's turns ('hermes' or 'tags', grpo.envs.tools.call_format_for);
     `on_end(turns, reward)` is called once when verifiers ends the episode (the task keeps the score)."""
 
-    def __init__(self, env, row: dict, on_end=None):
+    def __init__(self, env, row: dict, on_end=None, fmt: str = "hermes"):
         self._env, self._on_end = env, on_end
         self._loop = asyncio.new_event_loop()
         self._tools = _tool_names(env)
-        self._client = _policy_client_class()(parse_tools=bool(self._tools))
+        self._client = _policy_client_class()(fmt if self._tools else None, _tool_params(env))
         self._client.request = self._loop.create_future()
         # the coroutine holds no reference to this object, so an episode the rollout drops unfinished is freed (and
         # its loop closed, by __del__) at once, not at the next garbage collection
@@ -209,7 +246,7 @@ class VerifiersEpisode:
         self._client.request = self._loop.create_future()
         self._client.reply.set_result(turn)
         self._advance()
-        calls = parse_tool_calls(turn)[1] if self._tools else []
+        calls = policy_tool_calls(turn, self._client.fmt, self._client.params)[1] if self._tools else []
         errors = sum(1 for c in calls if not c["parsed"] or c["name"] not in self._tools)  # answered with an error
         calls = len(calls)
         if self.done:
@@ -337,8 +374,21 @@ class VerifiersTask:
         info = row.get("info")
         if isinstance(info, str):
             info = json.loads(info or "{}")
-        tools = (info or {}).get("tool_defs") if isinstance(info, dict) else None
-        return render_messages(self.tokenizer, _plain(row["prompt"]), _openai_tools(tools or self.env.tool_defs))
+        tools = _openai_tools(((info or {}).get("tool_defs") if isinstance(info, dict) else None) or self.env.tool_defs)
+        messages = _plain(row["prompt"])
+        if tools and self.call_format == "tags":  # the template shows no tools: list them, in the tag format
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{tool_listing(tools)}"}
+            else:
+                messages.insert(0, {"role": "system", "content": tool_listing(tools)})
+            tools = []
+        return render_messages(self.tokenizer, messages, tools)
+
+    @property
+    def call_format(self) -> str:
+        """'hermes' when the policy's chat template writes <tool_call> blocks (it shows the tools itself), else
+        'tags' (grpo.envs.tools.call_format_for)."""
+        return call_format_for(self.tokenizer)
 
     def _split_rows(self) -> dict[str, list[dict]]:
         if self._rows is None:
@@ -382,7 +432,8 @@ class VerifiersTask:
 
         def make(prompt: Prompt) -> VerifiersEpisode:
             key = (prompt.meta["vf_split"], int(prompt.meta["vf_index"]))
-            return VerifiersEpisode(self.env, self.row(prompt), on_end=lambda turns, r: self._keep(key, turns, r))
+            return VerifiersEpisode(self.env, self.row(prompt), on_end=lambda turns, r: self._keep(key, turns, r),
+                                    fmt=self.call_format)
 
         return make
 
@@ -398,7 +449,7 @@ class VerifiersTask:
         key = ((split, int(index)), tuple(turns))
         if key in self._scores:
             return self._scores[key]
-        ep = VerifiersEpisode(self.env, self._split_rows()[split][int(index)])
+        ep = VerifiersEpisode(self.env, self._split_rows()[split][int(index)], fmt=self.call_format)
         for t in turns:
             if ep.done:
                 break
