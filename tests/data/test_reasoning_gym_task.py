@@ -95,8 +95,9 @@ def test_prompts_are_its_system_prompt_and_question_through_the_chat_template():
     p = t.split("train", 1)[0]
     q = t.entry("train", 0)["question"]
     assert p.templated
-    assert p.text == tok.apply_chat_template([{"role": "system", "content": reasoning_gym.utils.SYSTEM_PROMPTS["default"]},
-                                              {"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+    system = reasoning_gym.utils.SYSTEM_PROMPTS["default"]
+    assert p.text == tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
+                                             tokenize=False, add_generation_prompt=True)
     plain = task(tokenizer=None, system_prompt=None).split("train", 1)[0]  # no chat template: the question as is
     assert not plain.templated and plain.text == q + "\n"
 

@@ -22,8 +22,9 @@ from grpo.envs.base import Environment  # noqa: E402
 from grpo.envs.verifiers_env import VerifiersTask, parse_tool_calls, policy_tool_calls  # noqa: E402
 
 # a ChatML template that shows tools and asks for Hermes-style <tool_call> blocks (as Qwen 2.5's does)
-HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function') | map(attribute='name') "
-                   "| join(', ') }}. Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
+HERMES_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: "
+                   "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}. "
+                   "Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>"
                    "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE)
 
 

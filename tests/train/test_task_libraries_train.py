@@ -99,7 +99,8 @@ def test_a_reasoning_gym_task_trains_with_its_scorer_as_the_reward(model_dir, tm
     pytest.importorskip("reasoning_gym")
     from grpo.data.reasoning_gym import ReasoningGymTask
 
-    opts = "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ['+'], allow_negation: false, allow_parentheses: false}"
+    opts = ("{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, operators: ['+'], allow_negation: false, "
+            "allow_parentheses: false}")
     cfg = load_config(None, overrides(model_dir, tmp_path / "run", "data.task=reasoning_gym:basic_arithmetic",
                                       f"data.task_options={opts}", "data.test_size=10",
                                       "data.task_system_prompt=direct"))
