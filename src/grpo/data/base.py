@@ -67,7 +67,6 @@ def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loade
 
             raise ConfigError(f"data.task={cfg.data.task}: the built-in model has no warm-up for a verifiers "
                               "environment; use model.name=<a local Hugging Face model directory>")
-
         return load_task(cfg.data.task[len("verifiers:"):], cfg.data.task_options, tokenizer=tokenizer,
                          tokenizer_loader=tokenizer_loader)
     return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
