@@ -57,7 +57,7 @@ class GuessEnv(vf.MultiTurnEnv):
 
     async def env_response(self, messages, state, **kwargs):
         guess = int(messages[-1].content.strip())
-        return [{"role": "user", "content": "higher" if guess < int(state["answer"]) else "lower"}]
+        return [vf.UserMessage(content="higher" if guess < int(state["answer"]) else "lower")]
 
     @vf.stop
     async def guessed(self, state, **kwargs) -> bool:

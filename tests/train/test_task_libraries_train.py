@@ -57,7 +57,7 @@ def test_a_verifiers_multi_turn_environment_trains_with_its_rubric_as_the_reward
             super().__init__(max_turns=2, **kw)
 
         async def env_response(self, messages, state, **kwargs):
-            return [{"role": "user", "content": "Again."}]
+            return [vf.UserMessage(content="Again.")]
 
     def chars(completion, **kw) -> float:
         """Characters the model wrote over the episode, up to 40, over 40."""
