@@ -36,8 +36,8 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: str = Field("arithmetic", description="built-in task: arithmetic or code; reasoning_gym:<name>; verifiers:"
-                      "<environment id> (an installed verifiers environment); ignored when data.path is set")
+    task: str = Field("arithmetic", description="built-in task: arithmetic, code or tools; reasoning_gym:<name>; "
+                      "verifiers:<environment id> (an installed verifiers environment); ignored when data.path is set")
     difficulty: str = Field("default", description="task difficulty level, e.g. arithmetic: easy|default|hard")
     path: str | None = Field(None, description="local JSONL/Parquet/CSV file of training prompts")
     train_size: int = Field(20000, ge=1)

@@ -1,7 +1,8 @@
 """The warm models that ship with grpo: the default `grpo train` loads its model with no warm-up; the weights
 match the recorded sha256; and they score the recorded held-out accuracy (greedy, eval.n problems) within 0.01 on
 this machine, whatever its CPU (float kernels may flip a few greedy answers). The code task's model is checked the
-same way once it ships (`grpo warmup --task code --output src/grpo/models/weights/code`)."""
+same way once it ships (`grpo warmup --task code --output src/grpo/models/weights/code`), and so is the tool task's
+(`grpo warmup --task tools`, which starts from the shipped arithmetic model: its recipe records that model's sha256)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from grpo.models import builtin
 from grpo.models.loading import builtin_spec, model_directory
 from grpo.train.warmup import policy_directory
 
-PRESETS = {"arithmetic": "grpo", "code": "code"}
-SHIPPED = ["arithmetic"] + [t for t in ("code",) if (builtin.SHIPPED_DIR / t / "recipe.json").exists()]
+PRESETS = {"arithmetic": "grpo", "code": "code", "tools": "tools"}
+SHIPPED = ["arithmetic"] + [t for t in ("code", "tools") if (builtin.SHIPPED_DIR / t / "recipe.json").exists()]
 
 
 def recipe(task: str) -> dict:
@@ -37,6 +38,13 @@ def test_the_default_run_loads_the_shipped_model(task, tmp_path, monkeypatch):
     other = load_config(PRESETS[task], ["warmup.seed=1"])
     with pytest.raises(ValueError, match="not built yet"):  # any other recipe is not shipped
         model_directory(other)
+
+
+def test_the_tool_models_recipe_names_the_model_it_started_from():
+    if "tools" not in SHIPPED:
+        pytest.skip("the tool task's model does not ship")
+    start = recipe("tools")["warm_start"]
+    assert start == {"task": "arithmetic", "sha256": recipe("arithmetic")["sha256"]}
 
 
 def test_damaged_shipped_weights_are_not_used(tmp_path, monkeypatch, caplog):
@@ -60,7 +68,8 @@ def test_the_shipped_model_scores_its_recorded_accuracy(task):
 
     held = recipe(task)["heldout"]
     cfg = load_config(PRESETS[task])
-    assert held["n"] == cfg.eval.n == 500  # what the default run evaluates
+    assert held["n"] == cfg.eval.n  # what the default run evaluates
+    assert task != "arithmetic" or held["n"] == 500
     measured = heldout_accuracy(cfg, builtin.SHIPPED_DIR / task)
     assert measured["n"] == held["n"] and measured["max_new_tokens"] == held["max_new_tokens"]
     assert abs(measured["accuracy"] - held["accuracy"]) <= 0.01, (measured["accuracy"], held["accuracy"])

@@ -44,4 +44,6 @@ def templated_env_text(tokenizer, role: str, message: str, policy_ended_with_eos
 def env_message_ids(tokenizer, message: str, role: str, templated: bool, policy_ended_with_eos: bool) -> list[int]:
     """Token ids of an environment message appended after a policy turn (module docstring)."""
     text = templated_env_text(tokenizer, role, message, policy_ended_with_eos) if templated else message
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    # verbose=False: a reply longer than the model's context is the episode's limit to cut (env.max_tokens), not a
+    # tokenizer warning
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])

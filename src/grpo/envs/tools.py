@@ -92,9 +92,9 @@ def _tag_call(body: str) -> Call:
     try:
         node = ast.parse(body.strip(), mode="eval").body
     except SyntaxError as e:
-        return Call(None, error=f"malformed call {body.strip()[:80]!r}: {e.msg}")
+        return Call(None, error=f"malformed call {body.strip()[:40]!r}: {e.msg}")
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        return Call(None, error=f"malformed call {body.strip()[:80]!r}: expected name(arguments)")
+        return Call(None, error=f"malformed call {body.strip()[:40]!r}: expected name(arguments)")
     try:
         args = tuple(ast.literal_eval(a) for a in node.args)
         kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}

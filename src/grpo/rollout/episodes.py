@@ -110,6 +110,9 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
         return first
     if max_turns < 1:
         raise ValueError(f"env.max_turns must be >= 1, got {max_turns}")
+    if max_turns > 1 and not callable(getattr(sampler, "generate_from_ids", None)):
+        raise ValueError(f"the rollout engine {type(sampler).__name__} cannot continue token contexts "
+                         "(generate_from_ids), which multi-turn episodes need; use the native sampler or env.max_turns=1")
     tok = sampler.tokenizer
     eos = tok.eos_token_id
     budget = max_tokens if max_tokens is not None else 1 << 30

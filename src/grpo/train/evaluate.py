@@ -72,13 +72,17 @@ def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: floa
     result does not depend on batch_size."""
     sampler = Sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                       max_prompt_tokens=max_prompt_tokens)
+    from grpo.rollout.episodes import run_episodes
+    from grpo.train.episodes import task_environment
+
     device = next(model.parameters()).device
+    env = task_environment(task, tokenizer)
     out: list[dict] = []
     per_batch = max(1, batch_size // n)
     for i in range(0, len(prompts), per_batch):
         chunk = prompts[i:i + per_batch]
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + i + j) for j in range(len(chunk))]
-        texts = sampler.generate(chunk, n, generator=gens).texts
+        texts = run_episodes(sampler, chunk, n, env, generator=gens).texts  # a task with tools: whole episodes
         correct = _judge(task, [p for p in chunk for _ in range(n)], texts)
         for j, p in enumerate(chunk):
             out.append({"uid": p.uid, "completions": texts[j * n:(j + 1) * n], "correct": correct[j * n:(j + 1) * n]})

@@ -67,7 +67,7 @@ def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -
     import transformers
 
     from grpo.models.loading import builtin_spec
-    from grpo.train.warmup import build_warm_model
+    from grpo.train.warmup import build_warm_model, warm_task
 
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
@@ -76,6 +76,11 @@ def build_with_recipe(cfg, out_dir: Path, console=None, evaluate: bool = True) -
     recipe = {"spec": builtin_spec(cfg), "sha256": sha256_file(out_dir / "model.safetensors"),
               "built_on": {"cpu": cpu_name(), "torch": torch.__version__, "transformers": transformers.__version__,
                            "warmup_s": round(seconds, 1)}}
+    start = getattr(warm_task(cfg), "warm_start", None)
+    if start:  # the warm-up started from another task's shipped model (grpo.train.warmup.shipped_task_model)
+        from grpo.models.builtin import SHIPPED_DIR, read_recipe
+
+        recipe["warm_start"] = {"task": start, "sha256": (read_recipe(SHIPPED_DIR / start) or {}).get("sha256")}
     if evaluate:
         with torch.random.fork_rng():
             recipe["heldout"] = heldout_accuracy(cfg, out_dir, console)
