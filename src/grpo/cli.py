@@ -103,7 +103,8 @@ def _eval(args) -> int:
     res, rows = evaluate_problems(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
                                   max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
-                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                                  max_turns=cfg.env.max_turns, max_tokens=cfg.env.max_tokens)
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem
         Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

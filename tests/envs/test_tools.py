@@ -109,6 +109,9 @@ def test_public_methods_of_an_environment_object_are_its_tools():
         def _private(self):
             return None
 
+        def reset(self, **kwargs):  # TRL's episode start: not a tool
+            self.n = 0
+
     c = Counter()
     env = ToolEnvironment(c, "tags")
     assert sorted(env.tools) == ["increment"]
@@ -179,3 +182,46 @@ def test_python_tool_runs_in_the_sandbox_or_refuses_like_it():
     out = env.step('<call>python("import os; os.open(\'/etc/x\', os.O_CREAT|os.O_WRONLY)")</call>').message
     assert "failed" in out or "error" in out
     assert json.dumps(tool_schema(python))  # a proper schema
+
+
+def test_an_episode_under_a_chat_template_keeps_the_templates_turns(qwen_tok):
+    """A templated prompt: each tool reply is appended as the template writes it (closing of the assistant turn,
+    the tool turn, the next generation prompt), and the policy's log-probs recompute over the kept ids."""
+    from rollout_helpers import tiny_model
+
+    from grpo.rollout import Sampler
+    from grpo.rollout.episodes import run_episodes
+    from grpo.types import Prompt
+
+    class Replies:
+        def __init__(self, prompt):
+            self.k = 0
+
+        def step(self, turn):
+            self.k += 1
+            return EnvReply(done=True) if self.k == 2 else EnvReply(message="7", role="tool", tool_calls=1)
+
+    text = qwen_tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tools=[tool_schema(add)],
+                                        tokenize=False, add_generation_prompt=True)
+    prompts = [Prompt(uid="q", text=text, templated=True)]
+    model = tiny_model("qwen2", qwen_tok, eos_bias=4.0)
+    r = run_episodes(Sampler(model, qwen_tok, max_new_tokens=6), prompts, 3, Replies, max_turns=3,
+                     generator=torch.Generator().manual_seed(0))
+    want = qwen_tok("\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+                    add_special_tokens=False)["input_ids"]
+    prompt_ids = qwen_tok(text, add_special_tokens=False)["input_ids"]
+    checked = 0
+    for i, ep in enumerate(r.episodes):
+        if ep["end"] != "done":
+            continue
+        n = int(r.completion_mask[i].sum())
+        ids = r.completion_ids[i, :n].tolist()
+        first = ep["turns"][0]["tokens"]
+        assert ids[first - 1] == qwen_tok.eos_token_id and ids[first:first + len(want)] == want
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([prompt_ids + ids])).logits[0].float(), -1)
+        ref = torch.stack([lp[len(prompt_ids) + t - 1, ids[t]] for t in range(n)])
+        policy = r.loss_mask[i, :n].bool()
+        torch.testing.assert_close(r.logp[i, :n][policy], ref[policy], atol=1e-4, rtol=0)
+        checked += 1
+    assert checked > 0

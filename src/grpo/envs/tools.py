@@ -50,12 +50,16 @@ def call_format_for(tokenizer) -> str:
     return "hermes" if "<tool_call>" in str(template) else "tags"
 
 
+NOT_TOOLS = frozenset({"reset", "step"})  # an environment object's episode methods (TRL's reset, our step)
+
+
 def tools_of(obj) -> list[Callable]:
-    """A list of functions as they are, or an object's public bound methods (TRL's environment class convention)."""
+    """A list of functions as they are, or an object's public bound methods but `reset`/`step` (TRL's environment
+    class convention)."""
     if isinstance(obj, (list, tuple)):
         fns = list(obj)
     else:
-        fns = [getattr(obj, name) for name in dir(obj) if not name.startswith("_")
+        fns = [getattr(obj, name) for name in dir(obj) if not name.startswith("_") and name not in NOT_TOOLS
                and callable(getattr(obj, name)) and inspect.ismethod(getattr(obj, name))]
     for fn in fns:
         if not callable(fn) or not getattr(fn, "__name__", None):

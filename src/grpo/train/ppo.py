@@ -87,7 +87,9 @@ class Critic:
 
     def _values(self, batch, rows_p: slice, rows_n: slice) -> torch.Tensor:
         return self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                            batch.completion_ids[rows_n], batch.mask[rows_n], batch.group_size)
+                                            batch.completion_ids[rows_n],
+                                            (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
+                                            batch.group_size)  # episodes: environment tokens attended
 
     def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) whitened GAE advantages for `batch` and metrics; remembers V_old and the returns for update()."""

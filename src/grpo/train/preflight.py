@@ -78,15 +78,18 @@ def measure(trainer, n_groups: int) -> dict:
     """
     from grpo.algo import zero_std_groups
     from grpo.parallel import generation
+    from grpo.rollout.episodes import run_episodes
     from grpo.train.checkpoint import capture_rng_state, restore_rng_state
+    from grpo.train.episodes import env_limits, task_environment
 
     cfg, G = trainer.cfg, trainer.cfg.rollout.group_size
     prompts = trainer.train_prompts[:n_groups]
     saved = capture_rng_state()
     try:
         torch.manual_seed(cfg.train.seed)  # the same sample on every rank and every run of this config
+        env = task_environment(trainer.task, trainer.tokenizer)  # a task with tools: whole episodes, as a step
         with generation(trainer.policy, trainer.dist):
-            rollouts = trainer.sampler.generate(prompts, G)
+            rollouts = run_episodes(trainer.sampler, prompts, G, env, **env_limits(cfg))
         scores = trainer._score(rollouts)
         gap = _logp_gap(trainer, rollouts)
     finally:
@@ -126,12 +129,14 @@ def _logp_gap(trainer, rollouts) -> float | None:
     cfg = trainer.cfg
     if cfg.rollout.top_p != 1.0:  # top-p renormalises the sampler's distribution: not comparable
         return None
-    mask = rollouts.completion_mask.float()
+    episodes = rollouts.loss_mask is not None  # multi-turn: the policy's tokens, the environment's attended
+    mask = (rollouts.loss_mask if episodes else rollouts.completion_mask).float()
     if not mask.sum():
         return None
     batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
                         completion_ids=rollouts.completion_ids, mask=mask,
-                        adv=torch.zeros(rollouts.num_completions, device=mask.device), group_size=rollouts.group_size)
+                        adv=torch.zeros(rollouts.num_completions, device=mask.device), group_size=rollouts.group_size,
+                        attention_mask=rollouts.completion_mask if episodes else None)
     with torch.no_grad(), generation(trainer.policy, trainer.dist):
         logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature)
     diff = (logp - rollouts.logp.to(logp.device)).abs() * mask
