@@ -36,11 +36,12 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    task: str = Field("arithmetic", description="built-in task: arithmetic, code or tools (ignored when data.path is set)")
+    task: str = Field("arithmetic", description="built-in task: arithmetic, code or tools; reasoning_gym:<name>; "
+                      "verifiers:<environment id> (an installed verifiers environment); ignored when data.path is set")
     difficulty: str = Field("default", description="task difficulty level, e.g. arithmetic: easy|default|hard")
     path: str | None = Field(None, description="local JSONL/Parquet/CSV file of training prompts")
     train_size: int = Field(20000, ge=1)
-    test_size: int = Field(500, ge=1)
+    test_size: int = Field(500, ge=1, description="reasoning_gym:<name>: the held-out pool (eval.n at most)")
     max_prompt_tokens: int = Field(256, ge=1)
     prompt_column: str = Field("prompt", description="data.path column with the prompt: text or a list of messages")
     plain_prompts: Literal["auto", "template", "raw"] = Field(
@@ -54,6 +55,14 @@ class DataConfig(_Section):
     test_split: str | None = Field(None, description="Hub data sets: a held-out split (instead of the hash split)")
     filter_long_prompts: bool = Field(False, description="drop over-long and empty prompts (counted, logged) "
                                       "instead of failing at start with an error naming the row")
+    # data.task=reasoning_gym:<name> (grpo.data.reasoning_gym; pip install 'grpo[gym]') or verifiers:<id>
+    task_options: dict[str, Any] = Field(default_factory=dict, description="reasoning_gym:<name>: the generator's "
+                                         "config fields, e.g. {min_terms: 2, max_terms: 3} (not seed/size); "
+                                         "verifiers:<id>: load_environment's arguments")
+    task_seed: int = Field(0, ge=0, description="reasoning_gym:<name>: seed the splits' generator seeds derive from")
+    task_system_prompt: str | None = Field("default", description="reasoning_gym:<name>: a name in reasoning_gym."
+                                           "utils.SYSTEM_PROMPTS (default, DeepSeekZero, simple, direct, ...), any "
+                                           "other text as is, or null for none")
 
 
 class RolloutConfig(_Section):
