@@ -15,6 +15,7 @@ import torch
 
 from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
+from grpo.algo.tis import truncated_is_weight
 from grpo.models.forward import DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs
 
 
@@ -117,6 +118,11 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
             token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low,
                                     clip_high=algo.clip_high, level=algo.ratio_level, dual_clip=algo.dual_clip)
             weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
+            if algo.tis_cap is not None and batch.sampler_logp is not None:  # the engine's drift (algo/tis.py)
+                tis, tis_m = truncated_is_weight(old, batch.sampler_logp[rows_n], mask, cap=algo.tis_cap)
+                token_loss = token_loss * tis
+                _add(sums, "policy/tis_weight_mean", weight * tis_m["weight_mean"])
+                _add(sums, "policy/tis_capped_frac", weight * tis_m["capped_frac"])
             if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
                 keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
                 token_loss = token_loss * keep
