@@ -25,7 +25,7 @@ from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
-from grpo.rollout import Sampler
+from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.defaults import report_defaults
 from grpo.train.optim import build_optimizer
@@ -79,9 +79,7 @@ class Trainer:
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
-        self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
-                               temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                               max_prompt_tokens=cfg.data.max_prompt_tokens)
+        self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
         self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s,
                                     max_failure_frac=cfg.reward.max_failure_frac)
         total_updates = cfg.train.steps * cfg.algo.epochs
@@ -108,6 +106,7 @@ class Trainer:
         else:
             batch.adv, metrics = self.critic.advantages(batch, scores.total)       # algo/: GAE with the critic
         metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, cfg, self.dist)  # train/
+        self.sampler.sync_weights(self.policy)  # the rollout engine samples from the updated weights (vLLM)
         if self.critic is not None:
             metrics |= self.critic.update(batch)
         self.step_count += 1
