@@ -110,6 +110,7 @@ def test_sync_makes_the_engine_follow_the_trainers_weights_exactly(builtin):
             model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
             model.model.layers[0].self_attn.q_proj.weight.add_(0.05)
             model.model.norm.weight.mul_(0.9)
+            model.model.embed_tokens.weight.add_(0.02)  # tied with the output head (the engine's prepacked copy)
         syncs = engine.syncs
         engine.sync_weights(model)
         assert engine.syncs == syncs + 1 and engine.probe_diff < 1e-3

@@ -80,10 +80,11 @@ class VllmEngine:
         self.syncs = 0  # weight loads into the engine, and the probe's last max |diff|
         self.probe_diff = float("nan")
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**engine_kwargs(model, model_dir, self.dtype, self.cuda, seed=seed,
-                                            gpu_memory_utilization=gpu_memory_utilization,
-                                            max_batch_tokens=max_batch_tokens,
-                                            distributed=bool(getattr(dist, "enabled", False))))
+        with own_rng(self.cuda):  # the engine seeds the global generator at start
+            self.llm = vllm.LLM(**engine_kwargs(model, model_dir, self.dtype, self.cuda, seed=seed,
+                                                gpu_memory_utilization=gpu_memory_utilization,
+                                                max_batch_tokens=max_batch_tokens,
+                                                distributed=bool(getattr(dist, "enabled", False))))
         self.start_s = time.perf_counter() - t0
         self._asleep = False
         self._synced: dict[str, tuple[int, int]] | None = None  # parameter name -> (version, data_ptr) at last sync
@@ -109,7 +110,8 @@ class VllmEngine:
         inputs = [TokensPrompt(prompt_token_ids=ids[m.bool()].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         self._wake()
         try:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+            with own_rng(self.cuda):
+                outputs = self.llm.generate(inputs, params, use_tqdm=False)
         finally:
             self._sleep()
         return self._rollouts(prompts, n, prompt_ids, prompt_mask, outputs)
@@ -160,6 +162,7 @@ class VllmEngine:
         the CPU backend's repacked GEMM weights). In-process, so the tensors are handed over, not serialised."""
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights),
                                                              is_checkpoint_format=True))
+        self.llm.apply_model(reprocess_tied_head)
 
     def probe(self, model: torch.nn.Module) -> float:
         """max |engine - trainer| log-prob of each token of PROBE_TEXT given its prefix; StaleWeightsError above
@@ -184,7 +187,8 @@ class VllmEngine:
 
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, seed=0)
         self._wake()
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
+        with own_rng(self.cuda):
+            out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
         return [lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], ids[1:])]
 
     # ------------------------------------------------------------------ CUDA sleep mode
@@ -212,6 +216,13 @@ def engine_kwargs(model, model_dir, dtype: torch.dtype, cuda: bool, *, seed: int
     if distributed:
         kw["distributed_executor_backend"] = "external_launcher"  # torchrun's processes: one engine per rank
     return kw
+
+
+def own_rng(cuda: bool):
+    """vLLM's calls draw from torch's global generator (one draw per generate call, even with seeded requests): run
+    them on a forked state, so the trainer's random stream (restored exactly on resume) is the same whether or not
+    the engine ran, and how often (a resumed run syncs and probes once more than the straight one)."""
+    return torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else [])
 
 
 def cpu_kv_cache_bytes(model, tokens: int, dtype: torch.dtype) -> int:
@@ -274,3 +285,15 @@ def trainer_prompt_logprobs(model, ids: list[int], device) -> torch.Tensor:
     finally:
         model.train(was)
     return torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0].cpu()
+
+
+def reprocess_tied_head(vllm_model) -> None:
+    """A tied output head (the embedding's weight) gets its post-load processing again: vLLM's reload processes a
+    tied weight for one of its layers only (the embedding), so the CPU backend's prepacked GEMM copy of the head kept
+    the old weights (the probe caught it: 0.48 nats after changing the embedding). A no-op elsewhere."""
+    head = getattr(vllm_model, "lm_head", None)
+    embed = getattr(getattr(vllm_model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and embed is not None and getattr(head, "weight", None) is getattr(embed, "weight", 0) \
+            and method is not None:
+        method.process_weights_after_loading(head)
