@@ -55,6 +55,10 @@ def import_vllm():
         import vllm
     except ImportError as e:
         raise MissingExtraError(f"{INSTALL_HINT} ({type(e).__name__}: {e})") from e
+    except (RuntimeError, OSError) as e:  # installed but broken, e.g. CUDA torchvision wheels against a CPU torch
+        raise MissingExtraError(f"vLLM is installed but does not import ({type(e).__name__}: {e}); with the CPU "
+                                "wheel, remove the CUDA builds of torchvision/torchaudio/torchcodec it pulls in "
+                                "(pip uninstall -y torchvision torchaudio torchcodec; docs/vllm.md)") from e
     return vllm
 
 
