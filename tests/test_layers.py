@@ -1,7 +1,7 @@
 """The package's layers point one way (docs/ARCHITECTURE.md):
 
     algo, types, errors  <-  tokens  <-  config  <-  models, rewards, tracking  <-  envs  <-  data, rollout, parallel  <-  train
-        <-  compare_worker  <-  bench_vocab, bench_workload, bench_report, compare  <-  bench  <-  cli
+        <-  compare_worker  <-  bench_vocab, bench_engines, bench_workload, bench_report, compare  <-  bench  <-  cli
 
 Every import between grpo's subpackages, at module level or inside a function, must go to a lower layer. Inside a
 function is no exemption: an import moved into a function to hide a cycle is still a cycle. Two edges between
@@ -22,7 +22,7 @@ LAYERS = {
     "models": 2, "rewards": 2, "tracking": 2,
     "data": 3, "rollout": 3, "parallel": 3, "envs": 2.5,
     "train": 4,
-    "bench_vocab": 5, "bench_workload": 5, "bench_report": 5, "compare": 5, "compare_worker": 4.5, "bench": 5.5,
+    "bench_vocab": 5, "bench_engines": 5, "bench_workload": 5, "bench_report": 5, "compare": 5, "compare_worker": 4.5, "bench": 5.5,
     "cli": 6, "__init__": 6, "__main__": 6,
 }
 FORBIDDEN = {("data", "models")}

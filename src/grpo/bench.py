@@ -233,11 +233,15 @@ def main(args) -> int:
 
     vocab = bench_vocab.run_vocab(bench_vocab.quick_plan() if plan.quick else bench_vocab.full_plan(), log=err)
     bench_vocab.merge_into(result, vocab)
+    from grpo import bench_engines  # the engine axis: native, vllm (when installed), transformers generate
+
+    result["engines"] = bench_engines.run_engines(bench_engines.cpu_plan(plan.quick), log=err)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))
     print(bench_vocab.summary(vocab))
+    print(bench_engines.summary(result["engines"]))
     print(f"wrote {out}")
     if getattr(args, "json", False):
         print(json.dumps(result))

@@ -73,6 +73,16 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed_per_prompt: bool = Field(False, description="sample each prompt's group with its own generator seeded by "
                                   "(train.seed, step, uid): rollouts independent of batching and world size")
+    engine: Literal["native", "vllm"] = Field("native", description="what generates the rollouts: native = our "
+                                             "KV-cached decoder on the training model; vllm = a vLLM engine in the "
+                                             "trainer's process, weights synced every step (pip install 'grpo[vllm]')")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="rollout.engine=vllm on CUDA: the "
+                                               "fraction of GPU memory vLLM may take (weights + KV cache), the rest "
+                                               "is the trainer's")
+    vllm_probe_tolerance: float | None = Field(None, gt=0.0, description="rollout.engine=vllm: the largest "
+                                               "|engine - trainer| log-prob on the probe sequence after a weight "
+                                               "sync before StaleWeightsError; None = by dtype (1e-3 fp32, 0.15 "
+                                               "bf16, 0.1 fp16)")
 
 
 class RewardConfig(_Section):
@@ -112,6 +122,10 @@ class AlgoConfig(_Section):
                                                    "without EOS add no token to the loss (they still count in their "
                                                    "group's reward statistics and in the 1/G of the aggregation)")
     max_resample_batches: int = Field(4, ge=1, description="dynamic sampling: generation rounds per step at most")
+    tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling (Yao et al. 2025): "
+                                  "the policy-gradient term of each token times min(pi_train/pi_engine, tis_cap), "
+                                  "correcting the rollout engine's drift from the trainer's policy; None = off; 2 "
+                                  "is verl's and TRL's usual cap")
     # PPO (advantage = gae)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
@@ -266,6 +280,9 @@ class Config(_Section):
         if self.algo.policy_loss == "cispo" and (self.algo.ratio_level == "sequence" or self.algo.dual_clip):
             raise ValueError("algo.policy_loss=cispo clips a per-token weight: it takes neither "
                              "algo.ratio_level=sequence nor algo.dual_clip")
+        if self.algo.tis_cap is not None and self.rollout.top_p < 1.0:
+            raise ValueError("algo.tis_cap needs rollout.top_p=1: under top-p the engine's log-probs are of the "
+                             "truncated distribution, not comparable with the trainer's")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,6 +38,9 @@ ALIASES: dict[str, tuple[str, str, str]] = {
     "reward_funcs": ("reward.functions", "TRL", ""),
     "lora_r": ("model.lora_rank", "TRL/peft", ""),
     "use_peft": ("model.lora_rank", "TRL", "set a rank > 0, e.g. model.lora_rank=16"),
+    "use_vllm": ("rollout.engine", "TRL", "rollout.engine=vllm (colocated in this process; docs/vllm.md)"),
+    "vllm_gpu_memory_utilization": ("rollout.vllm_gpu_memory_utilization", "TRL", ""),
+    "vllm_importance_sampling_cap": ("algo.tis_cap", "TRL", "truncated importance sampling on the engine's drift"),
     "torch_dtype": ("model.dtype", "transformers", ""),
     # verl (dotted)
     "actor_rollout_ref.rollout.n": ("rollout.group_size", "verl", ""),

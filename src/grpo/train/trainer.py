@@ -28,7 +28,7 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import RewardResult, reward_mean_std
 from grpo.rewards.specs import reward_specs
-from grpo.rollout import Sampler
+from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.train.defaults import report_defaults
 from grpo.train.optim import build_optimizer
@@ -100,9 +100,7 @@ class Trainer:
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
-        self.sampler = Sampler(self.policy, self.tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
-                               temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                               max_prompt_tokens=cfg.data.max_prompt_tokens)
+        self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
         self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s,
                                     max_failure_frac=cfg.reward.max_failure_frac)
         total_updates = cfg.train.steps * cfg.algo.epochs
@@ -127,6 +125,7 @@ class Trainer:
         batch.adv, metrics = self._advantages(batch, scores.total)     # algo/registry.py; PPO: GAE with the critic
         metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.cfg, self.dist,
                                  kl_in_loss=self.critic is None)       # PPO: the KL is in the reward, not the loss
+        self.sampler.sync_weights(self.policy)                         # vLLM: the engine gets the new weights
         if self.critic is not None:
             metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1

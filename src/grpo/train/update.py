@@ -15,6 +15,7 @@ import torch
 
 from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
+from grpo.algo.tis import truncated_is_weight
 from grpo.models.forward import DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs
 from grpo.train.optim import guarded_step
 
@@ -125,6 +126,11 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
                             level=algo.ratio_level, dual_clip=algo.dual_clip)
     weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
     forward: dict[str, torch.Tensor] = {}
+    if algo.tis_cap is not None and batch.sampler_logp is not None:  # the engine's drift (algo/tis.py)
+        tis, tis_m = truncated_is_weight(old, batch.sampler_logp[rows_n], mask, cap=algo.tis_cap)
+        token_loss = token_loss * tis
+        forward["policy/tis_weight_mean"] = weight * tis_m["weight_mean"]
+        forward["policy/tis_capped_frac"] = weight * tis_m["capped_frac"]
     if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
         keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
         token_loss = token_loss * keep

