@@ -20,7 +20,15 @@ def sampled_reward(trainer, prompts, seed: int = 0) -> tuple[float, float]:
 
 
 def test_reward_rises_in_a_short_run(tmp_path):
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a shared CPU runs this faster on one thread
+    try:
+        run_and_check(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_and_check(tmp_path):
     cfg = load_config("tools", ["train.steps=12", "train.eval_every=0", "train.preflight=off", "optim.lr=3e-4",
  "log.progress=false", "log.plots=false",
                                 f"train.output_dir={tmp_path / 'run'}", "train.seed=0"])
