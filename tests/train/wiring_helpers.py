@@ -98,6 +98,9 @@ class FixedSampler:
         self.calls.append(out)
         return out
 
+    def sync_weights(self, model) -> None:
+        """The RolloutEngine contract (rollout/engine.py): fixed rollouts follow no weights."""
+
 
 @dataclass
 class Row:
