@@ -2,7 +2,7 @@
 # Install the package with its test extras (CPU torch unless a GPU is present) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh dev,math,lora,data
+bash scripts/install.sh dev,math,lora,data,gym,verifiers
 # Test-only: Debian's chromium for tests/tracking/test_report_browser.py (`grpo report` in a headless browser); as
 # root with apt-get where we can, else that test is skipped with its reason.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
