@@ -15,6 +15,15 @@ A missing reward (NaN) counts as 0 in r, and that completion's advantages are 0 
 whitening statistics and of the value loss. The value loss is `clipped_value_loss(V, V_old, R)` averaged over the
 tokens (token_mean), times `algo.value_coef`, with gradient clipping and the critic's own AdamW and schedule
 (`algo.value_lr`). The critic's parameters are a copy, never shared with the policy's.
+
+Multi-turn episodes (grpo.rollout.episodes; batch.mask = the policy's tokens, batch.attention_mask = every real
+token): the environment's tokens are not actions, so everything above runs over the policy's tokens only, as in
+verl's `compute_gae_advantage_return`. The scalar reward sits at the episode's last *policy* token, the KL reward
+at policy tokens; GAE skips the environment's replies, so the last token of a policy turn bootstraps from V at the
+first token of the next policy turn (the state after the reply; gamma is applied once per policy token, not per
+environment token); whitening and the value loss cover the policy's tokens of the rows with a reward. The critic's
+forward attends every token (attention_mask), so V at a policy token has seen the replies before it.
+(tests/train/test_ppo_episodes.py checks this against a naive loop over the policy positions.)
 """
 
 from __future__ import annotations
