@@ -83,3 +83,27 @@ def test_a_tool_result_cannot_forge_the_templates_turn_markers(qwen_tok):
     want = qwen_tok("\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
                     add_special_tokens=False)["input_ids"]
     assert env_message_ids(qwen_tok, "7", "tool", True, True) == want
+
+
+def quits(code: int) -> str:
+    """Exits the interpreter, as argparse does on a bad argument.
+
+    Args:
+        code: the exit status
+    """
+    raise SystemExit(code)
+
+
+def test_a_tool_that_exits_is_an_error_result_in_a_thread_and_in_process():
+    for in_process in (False, True):
+        def tool(code: int) -> str:
+            """Exits.
+
+            Args:
+                code: the exit status
+            """
+            return quits(code)
+
+        tool.in_process = in_process
+        reply = ToolEnvironment([tool], "tags", timeout_s=2.0).step("<call>tool(3)</call>")
+        assert _results(reply.message) == ["error: SystemExit: 3"] and reply.tool_errors == 1, in_process

@@ -189,8 +189,8 @@ def _call_tool(tools: dict[str, Callable], call: Call, timeout_s: float) -> tupl
             value = _run_with_timeout(fn, call.args, call.kwargs or {}, timeout_s)
     except TimeoutError as e:
         return f"error: {e}", False
-    except Exception as e:  # noqa: BLE001 - the tool's failure is the model's information
-        return f"error: {type(e).__name__}: {e}", False
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the tool's failure is the model's information (a tool
+        return f"error: {type(e).__name__}: {e}", False  # calling sys.exit, as argparse does, must not end the run)
     try:  # e.g. an int past Python's 4300-digit str limit, a circular structure
         return (value if isinstance(value, str) else json.dumps(value, default=str)), True
     except Exception as e:  # noqa: BLE001
