@@ -43,3 +43,31 @@ def test_each_policy_turn_is_trained_up_to_and_including_its_eos(tok):
             pos += t["tokens"]
         assert pos == n
     assert boundaries > 0
+
+
+class Talkative:
+    """Replies with a message whose length depends on the prompt, so episodes of different prompts reach the
+    episode's token budget at different turns."""
+
+    def __init__(self, prompt):
+        self.reply = "<result>" + "x" * (17 if prompt.uid == "p0" else 3) + "</result>\n"
+
+    def step(self, turn):
+        return EnvReply(message=self.reply, tool_calls=1)
+
+
+def test_a_groups_later_turns_do_not_depend_on_the_other_prompts_in_the_batch(tok):
+    """One generator per prompt (rollout.seed_per_prompt): a group's episodes are the same alone or batched with
+    another prompt's, also when env.max_tokens leaves the episodes different room in a later turn."""
+    model = tiny_model("llama", tok, eos_bias=4.0)
+    sampler = Sampler(model, tok, max_new_tokens=20)
+    prompts = make_prompts()[:2]
+
+    def run(ps):
+        gens = [torch.Generator().manual_seed(100 + int(p.uid[1:])) for p in ps]
+        return run_episodes(sampler, ps, 3, Talkative, max_turns=6, max_tokens=55, generator=gens)
+
+    both, alone = run(prompts), run(prompts[:1])
+    assert [e["turns"] for e in both.episodes[:3]] == [e["turns"] for e in alone.episodes]
+    n = alone.completion_ids.shape[1]
+    assert torch.equal(both.completion_ids[:3, :n], alone.completion_ids)
