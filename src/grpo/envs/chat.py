@@ -9,6 +9,10 @@ For a templated prompt the text is what the template writes between the end of a
 the start of the next assistant turn's content: the assistant turn's closing (minus the EOS the policy already
 sampled, e.g. Qwen's `<|im_end|>`), the environment's turn, and the generation prompt. It is taken as the
 difference of two renders of a fixed conversation, so it does not depend on the episode's earlier text.
+
+A message is text, never markup: where it contains a special token's text ('<|im_end|>', '<eos>': a tool result
+echoing what the policy wrote, a program's output), that text is tokenized as ordinary characters, so an
+environment message cannot close its own turn or forge another one; the template's own markers stay special.
 """
 
 from __future__ import annotations
@@ -41,9 +45,33 @@ def templated_env_text(tokenizer, role: str, message: str, policy_ended_with_eos
     return closing + full[len(base):]
 
 
-def env_message_ids(tokenizer, message: str, role: str, templated: bool, policy_ended_with_eos: bool) -> list[int]:
-    """Token ids of an environment message appended after a policy turn (module docstring)."""
-    text = templated_env_text(tokenizer, role, message, policy_ended_with_eos) if templated else message
+_CONTENT = "\u2063grpo-environment-content\u2063"  # marks where a message's content goes in a template's render
+
+
+def _ids(tokenizer, text: str, literal: bool = False) -> list[int]:
     # verbose=False: a reply longer than the model's context is the episode's limit to cut (env.max_tokens), not a
-    # tokenizer warning
-    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    # tokenizer warning; literal: special tokens' texts are read as ordinary characters
+    kwargs = {"split_special_tokens": True} if literal else {}
+    return list(tokenizer(text, add_special_tokens=False, verbose=False, **kwargs)["input_ids"])
+
+
+def _special_texts(tokenizer) -> list[str]:
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return [t.content for t in decoder.values() if getattr(t, "special", False) and getattr(t, "content", "")]
+
+
+def env_message_ids(tokenizer, message: str, role: str, templated: bool, policy_ended_with_eos: bool) -> list[int]:
+    """Token ids of an environment message appended after a policy turn (module docstring). Raises ValueError when
+    the message holds a special token's text and the template does not write the message as it is (then its text
+    cannot be told from the template's markers)."""
+    if not any(s in message for s in _special_texts(tokenizer)):
+        return _ids(tokenizer, templated_env_text(tokenizer, role, message, policy_ended_with_eos) if templated
+                    else message)
+    if not templated:
+        return _ids(tokenizer, message, literal=True)
+    full = templated_env_text(tokenizer, role, message, policy_ended_with_eos)
+    before, found, after = templated_env_text(tokenizer, role, _CONTENT, policy_ended_with_eos).partition(_CONTENT)
+    if not found or full != before + message + after:
+        raise ValueError(f"an environment message with a special token's text, under role {role!r}: the chat "
+                         "template does not write it as it is, so its text cannot be kept apart from the markers")
+    return _ids(tokenizer, before) + _ids(tokenizer, message, literal=True) + _ids(tokenizer, after)

@@ -97,6 +97,8 @@ def _tag_call(body: str) -> Call:
         node = ast.parse(body.strip(), mode="eval").body
     except SyntaxError as e:
         return Call(None, error=f"malformed call {body.strip()[:40]!r}: {e.msg}")
+    except (ValueError, MemoryError, RecursionError):  # null bytes; nesting deep enough to overflow the parser
+        return Call(None, error=f"malformed call {body.strip()[:40]!r}: not a Python call (nested too deeply?)")
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return Call(None, error=f"malformed call {body.strip()[:40]!r}: expected name(arguments)")
     try:
@@ -115,13 +117,15 @@ def _hermes_call(body: str) -> Call:
         obj = json.loads(body)
     except ValueError as e:
         return Call(None, error=f"malformed tool call (not JSON): {e}")
+    except RecursionError:
+        return Call(None, error="malformed tool call (not JSON): nested too deeply")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return Call(None, error='malformed tool call: expected {"name": ..., "arguments": {...}}')
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return Call(obj["name"], error=f"arguments of {obj['name']} are not JSON")
     if not isinstance(arguments, dict):
         return Call(obj["name"], error=f"arguments of {obj['name']} must be an object")
@@ -161,7 +165,12 @@ def _run_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout_s: float)
 
 
 def call_tool(tools: dict[str, Callable], call: Call, timeout_s: float, max_chars: int) -> tuple[str, bool]:
-    """(result text, ok) of one call; never raises for anything the call or the tool does."""
+    """(result text, ok) of one call, cut at max_chars; never raises for anything the call or the tool does."""
+    text, ok = _call_tool(tools, call, timeout_s)
+    return (text[:max_chars] + " ...(truncated)") if len(text) > max_chars else text, ok
+
+
+def _call_tool(tools: dict[str, Callable], call: Call, timeout_s: float) -> tuple[str, bool]:
     if call.error is not None:
         return f"error: {call.error}", False
     fn = tools.get(call.name)
@@ -180,10 +189,12 @@ def call_tool(tools: dict[str, Callable], call: Call, timeout_s: float, max_char
             value = _run_with_timeout(fn, call.args, call.kwargs or {}, timeout_s)
     except TimeoutError as e:
         return f"error: {e}", False
-    except Exception as e:  # noqa: BLE001 - the tool's failure is the model's information
-        return f"error: {type(e).__name__}: {e}"[:max_chars], False
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return (text[:max_chars] + " ...(truncated)") if len(text) > max_chars else text, True
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the tool's failure is the model's information (a tool
+        return f"error: {type(e).__name__}: {e}", False  # calling sys.exit, as argparse does, must not end the run)
+    try:  # e.g. an int past Python's 4300-digit str limit, a circular structure
+        return (value if isinstance(value, str) else json.dumps(value, default=str)), True
+    except Exception as e:  # noqa: BLE001
+        return f"error: the result of {call.name} cannot be written as text: {type(e).__name__}: {e}", False
 
 
 class ToolEnvironment:

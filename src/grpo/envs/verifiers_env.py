@@ -96,7 +96,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
                 json.loads(args)  # a JSON string of the arguments, as OpenAI's API sends them
             arguments = args if isinstance(args, str) else json.dumps(args)
             calls.append({"id": f"call_{k}", "name": obj["name"], "arguments": arguments, "parsed": True})
-        except ValueError:  # json.JSONDecodeError is a ValueError
+        except (ValueError, RecursionError):  # json.JSONDecodeError is a ValueError; nesting too deep recurses
             name = re.search(r'"name"\s*:\s*"([^"]*)"', raw)
             calls.append({"id": f"call_{k}", "name": name.group(1) if name else "", "arguments": raw,
                           "parsed": False})

@@ -128,8 +128,10 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
             break
         T = min(sampler.max_new_tokens, max(budget - len(episodes[r].ids) for r in live))
         contexts = [prompt_ids[r // n] + episodes[r].ids for r in live]
-        ids, logp, _ = sampler.generate_from_ids(contexts, _uniforms(live, n, T, generator, device),
-                                                 temperature=temperature)
+        # drawn at the full turn width, then cut to T: T depends on the other episodes of the batch (their room
+        # under env.max_tokens), and a row's draws must not (one generator per prompt: rollout.seed_per_prompt)
+        uniforms = _uniforms(live, n, sampler.max_new_tokens, generator, device)[:, :T]
+        ids, logp, _ = sampler.generate_from_ids(contexts, uniforms, temperature=temperature)
         turn_ids, turn_logp = [None] * len(episodes), [None] * len(episodes)
         for r, i, lp in zip(live, ids, logp):
             turn_ids[r], turn_logp[r] = i, lp
