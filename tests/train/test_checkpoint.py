@@ -189,8 +189,7 @@ KILL_SCRIPT = textwrap.dedent("""
     ckpt._fault_hook = die_at
     torch.manual_seed(2)
     if kind == "llama":  # save_pretrained path; importing transformers costs seconds, so not for every stage
-        from helpers.tiny_models import tiny_model
-from transformers import LlamaForCausalLM
+        from transformers import LlamaConfig, LlamaForCausalLM
         model = LlamaForCausalLM(LlamaConfig(**{tiny!r}))
     else:
         model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
