@@ -1,4 +1,5 @@
-"""Shared test helpers: a leak check for sandboxed and forked processes (used by the reward and code-task tests)."""
+"""Shared fixtures: a private GRPO_CACHE for every test, and a leak check for sandboxed and forked processes (used by
+the reward and code-task tests). Helpers shared between folders live in tests/helpers/."""
 
 from __future__ import annotations
 
@@ -55,3 +56,9 @@ def no_leak():
     yield markers
     left = leftovers(before, markers[0] if markers else None)
     assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Nothing a test does may touch the user's ~/.cache/grpo: GRPO_CACHE is tmp_path/grpo-cache."""
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "grpo-cache"))

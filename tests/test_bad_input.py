@@ -71,7 +71,6 @@ def model_dir(tmp_path_factory) -> Path:
 def _private_caches(tmp_path, monkeypatch):
     import datasets
 
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "grpo-cache"))
     monkeypatch.delenv("GRPO_DEBUG", raising=False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
 

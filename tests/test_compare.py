@@ -29,7 +29,6 @@ def test_state_bytes_counts_params_grads_and_optimizer_state():
 
 @pytest.mark.slow
 def test_compare_two_steps_json_has_every_field(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("GRPO_COMPARE_OVERRIDES", "eval.n=4")  # appended to the command line's overrides
     out_dir = tmp_path / "cmp"
     assert cli.main(["compare", *TINY_RUN.split(), "--steps", "2", "--json", "--output-dir", str(out_dir)]) == 0

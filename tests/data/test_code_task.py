@@ -85,13 +85,12 @@ def test_wrong_hard_coded_and_escaping_programs_fail(no_leak):
     assert format_reward(None, ["def f(x): return 1", fence.format("1") + "\nmore"]) == [0.0, 0.0]
 
 
-def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, monkeypatch, capsys, no_leak):
+def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, capsys, no_leak):
     import json
 
     from grpo.config import load_config
     from grpo.train.trainer import Trainer
 
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
     cfg = load_config("code", ["warmup.steps=0", "train.steps=2", "train.eval_every=0", "eval.n=8",
                                "rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=12",
                                "data.train_size=50", "log.plots=false", "log.progress=false"])

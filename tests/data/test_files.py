@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import chat_tokenizer, write_chat_jsonl
+from helpers.tiny_hf import chat_tokenizer, write_chat_jsonl
 
 from grpo.config import load_config
 from grpo.models.builtin import build_tokenizer

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import chat_tokenizer  # noqa: E402
+from helpers.tiny_hf import chat_tokenizer
 
 from grpo.config import load_config
 from grpo.data import get_task

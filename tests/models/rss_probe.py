@@ -17,12 +17,12 @@ import resource
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script, not under pytest: tests/ for helpers
 
 
 def main(model_dir: str, data: str, run_dir: str, mode: str) -> dict:
     import torch
-    from tiny_hf import REWARDS, small_run
+    from helpers.tiny_hf import REWARDS, small_run
 
     import grpo.models.lora as lora
     from grpo.config import load_config

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tiny_hf import REWARDS, small_run
+from helpers.tiny_hf import REWARDS, small_run
 from transformers import AutoModelForCausalLM
 
 from grpo.config import load_config

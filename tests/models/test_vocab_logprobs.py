@@ -20,14 +20,12 @@ D = torch.float64
 
 
 def qwen2(tie: bool, seed: int = 0, **extra):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from helpers.tiny_models import tiny_model
 
-    config = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=tie, pad_token_id=0, eos_token_id=1, bos_token_id=None, **extra)
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).float()
+        model = tiny_model("qwen2", seed=seed, vocab_size=V, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0, eos_token_id=1,
+                           bos_token_id=None, **extra).float()
         with torch.no_grad():  # random init is tiny (std 0.02): spread the logits so the softmax is not flat
             model.get_output_embeddings().weight.mul_(40)
     return model

@@ -10,10 +10,10 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script, not under pytest: tests/ for helpers
 
-import torch
-from tiny_hf import varied_reward
+import torch  # noqa: E402
+from helpers.tiny_hf import varied_reward  # noqa: E402
 
 from grpo.cli import main
 from grpo.parallel import Dist

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_hf import REWARDS, save_tiny_model, write_chat_jsonl
+from helpers.tiny_hf import REWARDS, save_tiny_model, write_chat_jsonl
 
 from grpo.config import load_config
 from grpo.train.trainer import Trainer

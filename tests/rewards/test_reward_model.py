@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers.tiny_models import tiny_model
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -32,18 +33,8 @@ def _tokenizer(chat_template: bool) -> transformers.PreTrainedTokenizerFast:
 def rm_dir(request, tmp_path_factory):
     torch.manual_seed(0)
     tok = _tokenizer(chat_template=request.param)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = transformers.LlamaForSequenceClassification(config)
+    model = tiny_model("llama", head="sequence", vocab_size=len(tok), num_attention_heads=4, num_key_value_heads=2,
+                       num_labels=1, pad_token_id=tok.pad_token_id)
     path = tmp_path_factory.mktemp("rm")
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -97,16 +88,8 @@ def test_through_the_registry_and_runner(rm_dir):
 
 def test_missing_pad_token_falls_back_to_eos(tmp_path):
     tok = _tokenizer(False)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_labels=1,
-    )
-    transformers.LlamaForSequenceClassification(config).save_pretrained(tmp_path)
+    tiny_model("llama", head="sequence", vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+               num_key_value_heads=2, max_position_embeddings=2048, num_labels=1).save_pretrained(tmp_path)
     tok.pad_token = None
     tok.save_pretrained(tmp_path)
     rm = RewardModel(tmp_path, batch_size=2)

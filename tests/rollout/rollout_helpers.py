@@ -12,11 +12,8 @@ ARCHS = ("llama", "qwen2", "qwen3")
 
 def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
     """2 layers, 4 query heads sharing 2 key/value heads (GQA), fp32, eval-independent (no dropout)."""
-    import transformers
+    from helpers.tiny_models import tiny_model as build
 
-    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-               "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}
-    config_cls, model_cls = (getattr(transformers, name) for name in classes[arch])
     kwargs = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
@@ -24,8 +21,7 @@ def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
     if arch == "qwen3":
         kwargs["head_dim"] = 8
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = model_cls(config_cls(**kwargs)).float()
+        model = build(arch, seed=seed, **kwargs).float()
         if eos_bias is not None:  # an output head that favours EOS: rows end early, at different steps
             head = torch.nn.Linear(32, len(tok), bias=True)
             with torch.no_grad():

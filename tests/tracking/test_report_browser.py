@@ -42,8 +42,7 @@ def chromium(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/test.sh installs it: apt-get install "
                                               "chromium)")
-def test_report_renders_in_headless_chromium(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+def test_report_renders_in_headless_chromium(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, "--output-dir", str(run), "--quiet"]) == 0
     assert main(["report", str(run)]) == 0

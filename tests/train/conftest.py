@@ -1,5 +1,5 @@
 """Fixtures of the trainer-level tests: a tiny model directory built once per session, one straight reference run,
-trainers and override lists on it, and a private cache (helpers: train_helpers.py)."""
+trainers and override lists on it (helpers: train_helpers.py; the private GRPO_CACHE is the root conftest's)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,6 @@ def straight_run(tiny_model_dir, tmp_path_factory) -> dict:
         finally:
             trainer.close()
     return {"state": state, "metrics": read_jsonl(run_dir / "metrics.jsonl"), "run_dir": run_dir}
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """Nothing a test does may touch the user's ~/.cache/grpo."""
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "grpo-cache"))
 
 
 @pytest.fixture

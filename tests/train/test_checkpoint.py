@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers.tiny_models import tiny_model
+from transformers import LlamaForCausalLM
 
 import grpo
 from grpo.train import checkpoint as ckpt
@@ -31,8 +32,7 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_
 
 
 def tiny_llama(seed: int, **overrides) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**{**TINY, **overrides}))
+    return tiny_model("llama", seed=seed, **{**TINY, **overrides})
 
 
 def make_training(seed: int):

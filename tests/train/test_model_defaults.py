@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import save_tiny_model, small_run, write_chat_jsonl  # noqa: E402
+from helpers.tiny_hf import save_tiny_model, small_run, write_chat_jsonl
 
 from grpo.config import Config, EvalConfig, ModelConfig, OptimConfig, load_config  # noqa: E402
 from grpo.train.defaults import model_defaults  # noqa: E402

@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers.tiny_models import tiny_model
+from transformers import LlamaForCausalLM
 
 from grpo.algo import clipped_value_loss, gae, masked_whiten
 from grpo.config import load_config
@@ -21,8 +22,7 @@ TINY = {"vocab_size": 40, "hidden_size": 32, "intermediate_size": 64, "num_hidde
 
 
 def tiny_policy(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**TINY))
+    return tiny_model("llama", seed=seed, **TINY)
 
 
 def ppo_cfg(*overrides: str):
@@ -211,10 +211,7 @@ def test_critic_gets_gradients_from_the_value_loss_only():
 
 
 def test_value_model_from_a_reward_model_checkpoint(tmp_path):
-    from transformers import LlamaForSequenceClassification
-
-    torch.manual_seed(0)
-    rm = LlamaForSequenceClassification(LlamaConfig(**TINY, num_labels=1))
+    rm = tiny_model("llama", head="sequence", seed=0, **TINY, num_labels=1)
     rm.save_pretrained(tmp_path / "rm")
     value = ValueModel.from_pretrained(tmp_path / "rm")
     assert torch.equal(value.head.weight, rm.score.weight)
@@ -227,14 +224,11 @@ def test_value_model_from_a_reward_model_checkpoint(tmp_path):
 # ------------------------------------------------------------------ the 2-step PPO smoke run (same Trainer)
 def reward_model_dir(path):
     """A tiny randomly initialised sequence-classification model with the built-in tokenizer (a learned RM)."""
-    from transformers import LlamaForSequenceClassification
-
     from grpo.models.builtin import build_tokenizer
 
     tok = build_tokenizer()
-    torch.manual_seed(0)
-    rm = LlamaForSequenceClassification(LlamaConfig(**{**TINY, "vocab_size": len(tok), "pad_token_id": tok.pad_token_id,
-                                                       "num_labels": 1}))
+    rm = tiny_model("llama", head="sequence", seed=0, **{**TINY, "vocab_size": len(tok), "pad_token_id": tok.pad_token_id,
+                                                         "num_labels": 1})
     rm.save_pretrained(path)
     tok.save_pretrained(path)
     return path
@@ -245,8 +239,7 @@ SMOKE = ["warmup.steps=2", "warmup.batch_size=8", "eval.n=4", "rollout.max_new_t
 
 
 @pytest.mark.parametrize("reward", ["functions", "reward_model"])
-def test_ppo_two_step_smoke_run_with_checkpointed_critic(tmp_path, monkeypatch, reward):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+def test_ppo_two_step_smoke_run_with_checkpointed_critic(tmp_path, reward):
     from grpo.rewards import RewardModel
     from grpo.train.checkpoint import latest_checkpoint
     from grpo.train.trainer import Trainer

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import string
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import small_run  # noqa: E402
+from helpers.tiny_hf import small_run
+from helpers.tiny_models import tiny_model
 
 from grpo.config import load_config  # noqa: E402
 from grpo.tokens import text_token_ids  # noqa: E402
@@ -78,15 +77,11 @@ def test_rule_plain_templated_and_the_guards():
 
 @pytest.fixture(scope="module")
 def bos_model_dir(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tok = bos_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
-    torch.manual_seed(0)
     path = tmp_path_factory.mktemp("bos_model")
-    LlamaForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    model = tiny_model("llama", seed=0, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                       eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
 
@@ -188,16 +183,11 @@ def test_length_check_counts_the_bos(tmp_path):
 
 
 def test_reward_model_scores_the_models_own_tokens(tmp_path):
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
     from grpo.rewards import RewardModel
 
     tok = bos_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256, num_labels=1,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path)
+    tiny_model("llama", head="sequence", seed=0, vocab_size=len(tok), num_labels=1,
+               pad_token_id=tok.pad_token_id).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     rm = RewardModel(str(tmp_path), batch_size=4)
 

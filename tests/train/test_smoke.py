@@ -16,8 +16,7 @@ TINY = ["warmup.steps=0", "train.steps=2", "train.eval_every=2", "eval.n=20", "r
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+def run(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *TINY, "--output-dir", str(out), "--quiet"]) == 0
     out.joinpath("console.txt").write_text(capsys.readouterr().out)
@@ -71,11 +70,10 @@ length_reward.in_process = True
 
 
 @pytest.mark.parametrize("preset", ["grpo", "deepseekmath", "dapo", "dr_grpo", "gspo", "rloo", "cispo"])
-def test_presets_train(preset, tmp_path, monkeypatch):
+def test_presets_train(preset, tmp_path):
     from grpo.config import load_config
     from grpo.train.trainer import Trainer
 
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
     args = [a for a in TINY if not a.startswith(("log.print", "train.eval"))] + ["log.plots=false", "log.progress=false",
                                                                                  "optim.lr=1e-2", "optim.warmup_steps=0"]
     trainer = Trainer(load_config(preset, args), reward_functions=[length_reward], run_dir=tmp_path / preset)

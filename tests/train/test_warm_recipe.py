@@ -13,8 +13,7 @@ from grpo.models.loading import builtin_spec
 SHORT = ["warmup.steps=3", "warmup.batch_size=4", "data.train_size=50", "eval.n=8"]
 
 
-def test_a_short_rebuild_writes_the_model_and_its_recipe(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+def test_a_short_rebuild_writes_the_model_and_its_recipe(tmp_path, capsys):
     out = tmp_path / "warm"
     assert main(["warmup", *SHORT, "--output", str(out)]) == 0
     recipe = json.loads((out / "recipe.json").read_text())
@@ -36,8 +35,7 @@ def test_a_short_rebuild_writes_the_model_and_its_recipe(tmp_path, monkeypatch, 
     assert json.loads((again / "recipe.json").read_text())["sha256"] == recipe["sha256"]
 
 
-def test_the_code_task_rebuild_takes_the_code_preset(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))
+def test_the_code_task_rebuild_takes_the_code_preset(tmp_path):
     out = tmp_path / "warm-code"
     assert main(["warmup", "--task", "code", "warmup.steps=1", "warmup.batch_size=2", "data.train_size=20",
                  "--no-eval", "--output", str(out)]) == 0

@@ -1,7 +1,7 @@
 """Test helpers: tiny randomly initialised Qwen2 / Llama checkpoints with a chat-template tokenizer, and a JSONL
 file of conversational prompts, all written to a temporary directory (nothing is downloaded).
 
-Imported by tests/models, tests/data and tests/parallel (those put this folder on sys.path).
+Imported as `helpers.tiny_hf` by tests/models, tests/data, tests/train and tests/parallel.
 """
 
 from __future__ import annotations
@@ -39,16 +39,15 @@ def save_tiny_model(path: Path, arch: str = "qwen2", *, seed: int = 0, hidden: i
                     intermediate: int = 64) -> Path:
     """Write a random `arch` ('qwen2' or 'llama') causal LM and the chat tokenizer to `path`; returns path."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from helpers.tiny_models import tiny_model
 
     tok = chat_tokenizer()
-    size = dict(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-                num_key_value_heads=1, intermediate_size=intermediate, max_position_embeddings=256,
-                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
-    cls, cfg = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}[arch]
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = cls(cfg(**size))
+        model = tiny_model(arch, seed=seed, vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
+                           num_attention_heads=2, num_key_value_heads=1, intermediate_size=intermediate,
+                           max_position_embeddings=256, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                           bos_token_id=None)
     path = Path(path)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
