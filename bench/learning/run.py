@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "src"))
 SIZES = {
     "small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=4, max_position_embeddings=128),
+    "medium": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=4, max_position_embeddings=128),
     "default": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6, num_attention_heads=4,
                     num_key_value_heads=4, max_position_embeddings=128),
 }
@@ -61,8 +63,30 @@ def bos_tokenizer():
     return tok
 
 
-def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0) -> Path:
-    """Warm a fresh model on the arithmetic task's train split (grpo.train.warmup) and save it; kept if present."""
+class _Warm(Exception):
+    """Raised from the warm-up's step callback once the held-out accuracy reached the target."""
+
+
+def greedy_accuracy(model, tok, problems, max_new_tokens: int = 24) -> float:
+    """Greedy pass@1 of `problems` (Prompt list) with `generate`, prompts tokenized as `tokenizer(text)` does."""
+    import torch
+
+    from grpo.data.arithmetic import last_integer
+
+    model.eval()
+    with torch.no_grad():
+        enc = tok([p.text for p in problems], return_tensors="pt", padding=True)
+        out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+    model.train()
+    texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    return sum(last_integer(t) == int(p.answer) for t, p in zip(texts, problems)) / len(problems)
+
+
+def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0, *, lr: float = 3e-3,
+                     batch_size: int = 64, until: float = 1.0, check_every: int = 50) -> Path:
+    """Warm a fresh model on the arithmetic task's train split (grpo.train.warmup) and save it; kept if present.
+    The warm-up stops early, after a multiple of `check_every` steps, once the greedy accuracy on 200 held-out
+    problems reaches `until` (a checkpoint with room to improve, as a user's starting point is)."""
     import torch
 
     from grpo.data import get_task
@@ -74,17 +98,37 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
     tok = bos_tokenizer()
     model = build_model(tok, seed=seed, size=SIZES[size])
     model.config.bos_token_id = tok.bos_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
     n = sum(p.numel() for p in model.parameters())
-    print(f"[bench] warming a {n / 1e6:.2f}M-parameter model for {warm_steps} steps", file=sys.stderr)
-    t = time.time()
+    print(f"[bench] warming a {n / 1e6:.2f}M-parameter model for at most {warm_steps} steps (lr {lr:g}, batch "
+          f"{batch_size}), until held-out accuracy >= {until}", file=sys.stderr)
+    task = get_task("arithmetic")
+    probe = task.split("test", 200)
+    t, c, log = time.time(), time.process_time(), []
+
+    def check(step: int, loss: float) -> None:
+        if step % check_every and step != warm_steps:
+            return
+        acc = greedy_accuracy(model, tok, probe)
+        log.append({"step": step, "loss": loss, "accuracy": acc, "wall_s": time.time() - t,
+                    "cpu_s": time.process_time() - c})
+        print(f"[bench] warm-up step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}, "
+              f"{time.time() - t:.0f} s wall, {time.process_time() - c:.0f} s CPU", file=sys.stderr)
+        if acc >= until:
+            raise _Warm
+
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        losses = warm_up(model, tok, get_task("arithmetic"), steps=warm_steps, batch_size=64, lr=2e-3, seed=seed,
-                         train_size=train_size)
-    print(f"[bench] warm-up loss {losses[0]:.3f} -> {losses[-1]:.3f} in {time.time() - t:.0f} s", file=sys.stderr)
+        try:
+            warm_up(model, tok, task, steps=warm_steps, batch_size=batch_size, lr=lr, seed=seed,
+                    train_size=train_size, on_step=check)
+        except _Warm:
+            pass
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    (out / "warmup_log.json").write_text(json.dumps({"parameters": n, "lr": lr, "batch_size": batch_size,
+                                                    "until": until, "log": log}, indent=1))
     return out
 
 
@@ -102,28 +146,74 @@ def write_data(out: Path, train_size: int, test_size: int) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+def _child_env(args) -> dict:
+    threads = str(args.threads)
+    return dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+
+
+def _run(cmd: list[str], args) -> tuple[subprocess.CompletedProcess, float, float]:
+    """(the finished process, its wall seconds, its CPU seconds: user + system, all threads and children)."""
+    import resource
+
+    before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    proc = subprocess.run(cmd, env=_child_env(args), capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc, time.time() - t, cpu
+
+
 def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset: str, overrides: list[str],
           seed: int, args) -> dict:
-    """One `grpo train` subprocess; returns its curve from metrics.jsonl and summary.json."""
-    cmd = [sys.executable, "-m", "grpo.cli", "train", preset, f"model.name={model}", f"data.path={train_file}",
-           f"data.test_path={test_file}", "reward.functions=[exact_answer]", f"train.seed={seed}",
-           f"train.steps={args.steps}", f"train.eval_every={args.eval_every}", f"eval.n={args.eval_n}",
-           f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+    """One `grpo train` subprocess; returns its curve from metrics.jsonl and summary.json.
+    A curve point is (step, completions, training wall seconds, training CPU seconds, held-out accuracy);
+    training time is the sum over steps, evaluation excluded."""
+    lr = [f"optim.lr={args.lr:g}"] if args.lr and not any(o.startswith("optim.lr=") for o in overrides) else []
+    cmd = [sys.executable, str(Path(__file__).with_name("timed_cli.py")), "train", preset, f"model.name={model}",
+           f"data.path={train_file}", f"data.test_path={test_file}", "reward.functions=[exact_answer]",
+           f"train.seed={seed}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
+           f"eval.n={args.eval_n}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
            f"rollout.max_new_tokens={args.max_new_tokens}", "log.plots=false", "log.sample_groups=0",
-           f"train.output_dir={run_dir}", *overrides, "--quiet", "--json"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    t = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+           f"train.output_dir={run_dir}", *lr, *overrides, "--quiet", "--json"]
+    proc, wall, cpu = _run(cmd, args)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    train_s, curve = 0.0, [(0, 0, 0.0, summary["eval/accuracy_before"])]
+    train_s = train_cpu_s = 0.0
+    curve = [(0, 0, 0.0, 0.0, summary["eval/accuracy_before"])]
     for r in rows:
         train_s += r.get("perf/step_s", 0.0)
+        train_cpu_s += r.get("perf/step_cpu_s", 0.0)
         if "eval/accuracy" in r and r["step"] > 0:  # step 0 (the row some versions write first) is curve[0]
-            curve.append((r["step"], r["step"] * args.prompts * args.group, train_s, r["eval/accuracy"]))
-    return {"curve": curve, "wall_s": time.time() - t, "lr": _saved_lr(run_dir)}
+            curve.append((r["step"], r["step"] * args.prompts * args.group, train_s, train_cpu_s, r["eval/accuracy"]))
+    best = run_dir / "checkpoints" / "best"
+    return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": _saved_lr(run_dir),
+            "best_checkpoint": str(best) if (best / "config.json").exists() else None,
+            "best_step": summary.get("eval/best_step"), "command": " ".join(map(str, cmd))}
+
+
+def train_minimal(model: Path, train_file: Path, test_file: Path, run_dir: Path, overrides: list[str], seed: int,
+                  args) -> dict:
+    """examples/grpo_minimal.py on the same checkpoint, files, P, G, max_new_tokens, steps and evaluations.
+    Its learning rate: --lr, else the library's default for full fine-tuning of a user model (equal settings)."""
+    from grpo.train.defaults import USER_MODEL_DEFAULTS
+
+    lr = args.lr or next(d.full for d in USER_MODEL_DEFAULTS if d.key == "optim.lr")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "examples" / "grpo_minimal.py"), "--model", str(model), "--train",
+           str(train_file), "--test", str(test_file), "--eval-n", str(args.eval_n), "--eval-every",
+           str(args.eval_every), "--steps", str(args.steps), "--prompts", str(args.prompts), "--group",
+           str(args.group), "--max-new-tokens", str(args.max_new_tokens), "--seed", str(seed), "--lr", f"{lr:g}",
+           "--log", str(run_dir / "curve.jsonl")]
+    for o in overrides:  # lr=5e-5 -> --lr 5e-5 (given last, so it wins over the one above)
+        key, _, value = o.partition("=")
+        cmd += [f"--{key.replace('_', '-')}", value]
+    _, wall, cpu = _run(cmd, args)
+    rows = [json.loads(x) for x in (run_dir / "curve.jsonl").read_text().splitlines() if x.strip()]
+    curve = [(r["step"], r["completions"], r["train_s"], r["train_cpu_s"], r["accuracy"]) for r in rows]
+    lr_used = next((float(o.split("=", 1)[1]) for o in overrides if o.startswith("lr=")), lr)
+    return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": lr_used, "best_checkpoint": None, "best_step": None,
+            "command": " ".join(map(str, cmd))}
 
 
 def _saved_lr(run_dir: Path) -> float:
@@ -133,19 +223,25 @@ def _saved_lr(run_dir: Path) -> float:
 
 
 def figures(curve) -> dict:
-    """gain, gain per 1k completions and per minute of training, largest drop between consecutive evaluations."""
-    (_, _, _, before), (_, completions, seconds, after) = curve[0], curve[-1]
+    """gain, gain per 1k completions, per minute of training (wall and CPU), the largest drop between consecutive
+    evaluations. curve: (step, completions, train wall s, train CPU s, accuracy) rows, the first at step 0."""
+    (*_, before), (_, completions, seconds, cpu_seconds, after) = curve[0], curve[-1]
     gain = after - before
-    drops = [a[3] - b[3] for a, b in zip(curve, curve[1:])]
-    return {"before": before, "after": after, "best": max(c[3] for c in curve), "gain": gain,
+    drops = [a[-1] - b[-1] for a, b in zip(curve, curve[1:])]
+    return {"before": before, "after": after, "best": max(c[-1] for c in curve), "gain": gain,
             "per_1k": 1000 * gain / max(completions, 1), "per_min": 60 * gain / max(seconds, 1e-9),
-            "max_drop": max([0.0, *drops]), "completions": completions, "train_s": seconds}
+            "per_cpu_min": 60 * gain / max(cpu_seconds, 1e-9), "max_drop": max([0.0, *drops]),
+            "completions": completions, "train_s": seconds, "train_cpu_s": cpu_seconds}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small", action="store_true", help="0.9M model, 300 warm-up steps, 1 seed, 30 steps")
-    p.add_argument("--configs", nargs="+", default=["default:grpo:", "dapo:dapo:", "dr_grpo:dr_grpo:"])
+    p.add_argument("--size", choices=sorted(SIZES), default="medium", help="medium: 3.4M parameters (4 layers)")
+    p.add_argument("--small", action="store_true", help="shorthand: --size small, 1 seed, 30 steps")
+    p.add_argument("--configs", nargs="+",
+                   default=["default:grpo:", "dapo:dapo:", "dr_grpo:dr_grpo:", "minimal:minimal:"],
+                   help="NAME:PRESET:OVERRIDES; the preset 'minimal' runs examples/grpo_minimal.py (overrides "
+                        "are its options without dashes, e.g. lr=5e-5)")
     p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--steps", type=int)
     p.add_argument("--eval-every", type=int)
@@ -153,51 +249,72 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--warm-steps", type=int)
+    p.add_argument("--lr", type=float, help="optim.lr of every configuration that does not set its own "
+                                            "(default: the library's default for a user model, 1e-6)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run (OMP_NUM_THREADS)")
+    p.add_argument("--warm-steps", type=int, help="at most this many warm-up steps (default 600)")
+    p.add_argument("--warm-lr", type=float, default=3e-3)
+    p.add_argument("--warm-until", type=float, default=0.2,
+                   help="stop the warm-up once held-out greedy accuracy reaches this (checked every 50 steps)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
-    size = "small" if args.small else "default"
+    size = "small" if args.small else args.size
     args.seeds = args.seeds or ([0] if args.small else [0, 1, 2])
-    args.steps = args.steps or (30 if args.small else 300)
-    args.eval_every = args.eval_every or (10 if args.small else 25)
-    warm = args.warm_steps or (300 if args.small else 1500)
-    work = args.work / f"{size}-w{warm}"
+    args.steps = args.steps or (30 if args.small else 100)
+    args.eval_every = args.eval_every or 10
+    warm = args.warm_steps or 600
+    work = args.work / f"{size}-w{warm}-lr{args.warm_lr:g}-until{args.warm_until:g}"
     work.mkdir(parents=True, exist_ok=True)
-    model = build_checkpoint(work / "model", size, warm, train_size=20000)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = build_checkpoint(work / "model", size, warm, train_size=20000, lr=args.warm_lr, until=args.warm_until)
     train_file, test_file = write_data(work, 20000, args.eval_n)
     results = []
-    for spec in args.configs:
-        name, preset, extra = (spec.split(":", 2) + ["", ""])[:3]
-        for seed in args.seeds:
+    out = args.output or (ROOT / "bench" / "learning" / "results" / f"{size}.json")
+    for seed in args.seeds:  # interleaved: every configuration of a seed before the next seed, so all see one load
+        for spec in args.configs:
+            name, preset, extra = (spec.split(":", 2) + ["", ""])[:3]
+            overrides = [o for o in extra.split(",") if o]
             run_dir = work / "runs" / f"{name}-s{seed}-{int(time.time())}"
-            res = train(model, train_file, test_file, run_dir, preset, [o for o in extra.split(",") if o], seed, args)
-            row = {"config": name, "preset": preset, "overrides": extra, "seed": seed, "lr": res["lr"],
-                   **figures(res["curve"]), "curve": res["curve"], "wall_s": res["wall_s"]}
+            if preset == "minimal":
+                res = train_minimal(model, train_file, test_file, run_dir, overrides, seed, args)
+            else:
+                res = train(model, train_file, test_file, run_dir, preset, overrides, seed, args)
+            row = {"config": name, "preset": preset, "overrides": extra, "seed": seed, **figures(res["curve"]),
+                   **res}
             results.append(row)
             print(f"[bench] {name} seed {seed}: lr {row['lr']:g}, {row['before']:.3f} -> {row['after']:.3f} "
                   f"(best {row['best']:.3f}), {row['per_1k']:+.4f}/1k completions, {row['per_min']:+.3f}/min, "
-                  f"max drop {row['max_drop']:.3f}", file=sys.stderr)
+                  f"{row['per_cpu_min']:+.3f}/CPU min, max drop {row['max_drop']:.3f}, {row['wall_s']:.0f} s wall, "
+                  f"{row['cpu_s']:.0f} s CPU", file=sys.stderr)
+            _write(out, size, warm, work, args, results)  # after every run: a partial result survives a stop
     print(table(results))
-    out = args.output or (ROOT / "bench" / "learning" / "results" / f"{size}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"size": size, "warm_steps": warm, "args": {k: str(v) for k, v in vars(args).items()},
-                               "results": results}, indent=1))
     return 0
 
 
+def _write(out: Path, size: str, warm: int, work: Path, args, results) -> None:
+    warm_log = work / "model" / "warmup_log.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"size": size, "warm_steps": warm,
+                               "warm_up": json.loads(warm_log.read_text()) if warm_log.exists() else None,
+                               "args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=1))
+
+
 def table(results) -> str:
-    lines = ["| config | lr | seeds | before | after | gain | per 1k completions | per minute | max drop |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | lr | seeds | before | after | gain | per 1k completions | per train minute | "
+             "per train CPU minute | max drop |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["config"] for r in results):
         rows = [r for r in results if r["config"] == name]
 
-        def m(key):
+        def m(key, fmt="+.3f"):
             vals = [r[key] for r in rows]
-            return f"{statistics.mean(vals):+.3f}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+            return f"{statistics.mean(vals):{fmt}}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
 
-        lines.append(f"| {name} | {rows[0]['lr']:g} | {len(rows)} | {m('before')} | {m('after')} | {m('gain')} | "
-                     f"{m('per_1k')} | {m('per_min')} | {max(r['max_drop'] for r in rows):.3f} |")
+        lines.append(f"| {name} | {rows[0]['lr']:g} | {len(rows)} | {m('before', '.3f')} | {m('after', '.3f')} | "
+                     f"{m('gain')} | {m('per_1k')} | {m('per_min')} | {m('per_cpu_min')} | "
+                     f"{max(r['max_drop'] for r in rows):.3f} |")
     return "\n".join(lines)
 
 
