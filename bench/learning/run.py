@@ -2,21 +2,30 @@
 
 Builds a warm checkpoint bigger than the built-in model (the built-in warm-up code, a BOS-adding character
 tokenizer), saves it, writes its task (the built-in arithmetic problems) as JSONL files, then trains it through
-`grpo train model.name=... data.path=...` in a subprocess, exactly as a user would, for each configuration and seed.
+`grpo train model.name=... data.path=...` in a subprocess, exactly as a user would, for each configuration and seed,
+beside examples/grpo_minimal.py on the same checkpoint and files.
 
-    python bench/learning/run.py                      # 5.1M-parameter model, 3 seeds, default / dapo / dr_grpo
-    python bench/learning/run.py --small              # 0.9M model, short warm-up, 1 seed, 30 steps: minutes on a CPU
+    python bench/learning/run.py --lr 1e-4 --steps 60      # 3.4M-parameter model, seeds 0 1 2, default / dapo /
+                                                           # dr_grpo / grpo_minimal.py: about 40 minutes on 1 core
+    python bench/learning/run.py --small                   # 0.9M model, 1 seed, 30 steps
     python bench/learning/run.py --configs default:grpo: lr5e-5:grpo:optim.lr=5e-5 --seeds 0 1 2
 
-A configuration is NAME:PRESET:OVERRIDES (overrides comma-separated, may be empty). Everything not given is the
-library's default for a model directory (grpo.train.defaults: optim.lr 1e-6 for full fine-tuning), so the `default`
-configuration measures what a new user gets. Writes bench/learning/results/<tag>.json and prints a table:
+A configuration is NAME:PRESET:OVERRIDES (overrides comma-separated, may be empty; the preset `minimal` runs the
+example). Everything not given is the library's default for a model directory (grpo.train.defaults: optim.lr 1e-6
+for full fine-tuning); --lr sets one learning rate for every configuration, the example's included. Seeds are the
+outer loop, so the configurations of one seed run back to back and see the same machine load. Each run has one
+torch thread (--threads). Writes bench/learning/results/<size>.json (or --output) after every run, and a table:
 
     gain            final held-out accuracy minus the accuracy before training
     per_1k          gain per 1,000 completions sampled (steps x P x G; dapo's extra resampling rounds are not
                     counted, so its figure is an upper bound)
-    per_min         gain per minute of training steps (the sum of perf/step_s, evaluation excluded)
+    per_min         gain per minute of training steps, wall time (the sum of perf/step_s, evaluation excluded)
+    per_cpu_min     the same per minute of the process's CPU time in training steps (perf/step_cpu_s, added by
+                    timed_cli.py; grpo_minimal.py measures its own): hardly moved by other processes' load
     max_drop        the largest drop between consecutive evaluations (stability)
+
+Each library run's checkpoints/best is loaded back with `from_pretrained` and evaluated with `generate`; the
+result records both accuracies (they should agree).
 """
 
 from __future__ import annotations
@@ -68,28 +77,48 @@ class _Warm(Exception):
 
 
 def greedy_accuracy(model, tok, problems, max_new_tokens: int = 24) -> float:
-    """Greedy pass@1 of `problems` (Prompt list) with `generate`, prompts tokenized as `tokenizer(text)` does."""
+    """Greedy pass@1 of `problems` ((text, answer) pairs) with `generate`, prompts tokenized as `tokenizer(text)`
+    does: an evaluation independent of the library's sampler."""
     import torch
 
     from grpo.data.arithmetic import last_integer
 
     model.eval()
     with torch.no_grad():
-        enc = tok([p.text for p in problems], return_tensors="pt", padding=True)
+        enc = tok([text for text, _ in problems], return_tensors="pt", padding=True)
         out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
     model.train()
     texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
-    return sum(last_integer(t) == int(p.answer) for t, p in zip(texts, problems)) / len(problems)
+    return sum(last_integer(t) == int(answer) for t, (_, answer) in zip(texts, problems)) / len(problems)
 
 
-def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0, *, lr: float = 3e-3,
-                     batch_size: int = 64, until: float = 1.0, check_every: int = 50) -> Path:
+def check_best(run_dir: Path, test_file: Path, args) -> dict | None:
+    """Load run_dir/checkpoints/best as a user would (`from_pretrained`) and evaluate it with `generate`: its
+    accuracy should be the one its best.json records. None when the run has no best (no step beat the start)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    best = run_dir / "checkpoints" / "best"
+    if not (best / "best.json").exists():
+        return None
+    recorded = json.loads((best / "best.json").read_text())
+    tok = AutoTokenizer.from_pretrained(best, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(best, dtype=torch.float32)
+    rows = [json.loads(x) for x in test_file.read_text().splitlines() if x.strip()][:args.eval_n]
+    acc = greedy_accuracy(model, tok, [(r["prompt"], r["answer"]) for r in rows], args.max_new_tokens)
+    return {"step": recorded["step"], "recorded": recorded["eval/accuracy"], "reloaded": acc}
+
+
+def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0, *, lr: float = 1e-3,
+                     batch_size: int = 64, until: float = 1.0, check_every: int = 50, worked_frac: float = 0.35) -> Path:
     """Warm a fresh model on the arithmetic task's train split (grpo.train.warmup) and save it; kept if present.
     The warm-up stops early, after a multiple of `check_every` steps, once the greedy accuracy on 200 held-out
-    problems reaches `until` (a checkpoint with room to improve, as a user's starting point is)."""
+    problems reaches `until` (a checkpoint with room to improve, as a user's starting point is). `worked_frac`: the
+    share of demonstrations in the worked style ("47 + 38 = 70 + 15 = 85"), the rest direct ("Let me think... 85");
+    the worked style is the easier one to get right, so a higher share reaches a given accuracy sooner."""
     import torch
 
-    from grpo.data import get_task
+    from grpo.data.arithmetic import ArithmeticTask
     from grpo.models.builtin import build_model
     from grpo.train.warmup import warm_up
 
@@ -101,9 +130,9 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
     model.generation_config.bos_token_id = tok.bos_token_id
     n = sum(p.numel() for p in model.parameters())
     print(f"[bench] warming a {n / 1e6:.2f}M-parameter model for at most {warm_steps} steps (lr {lr:g}, batch "
-          f"{batch_size}), until held-out accuracy >= {until}", file=sys.stderr)
-    task = get_task("arithmetic")
-    probe = task.split("test", 200)
+          f"{batch_size}, worked_frac {worked_frac}), until held-out accuracy >= {until}", file=sys.stderr)
+    task = ArithmeticTask(worked_frac=worked_frac)
+    probe = [(p.text, p.answer) for p in task.split("test", 200)]
     t, c, log = time.time(), time.process_time(), []
 
     def check(step: int, loss: float) -> None:
@@ -128,7 +157,7 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     (out / "warmup_log.json").write_text(json.dumps({"parameters": n, "lr": lr, "batch_size": batch_size,
-                                                    "until": until, "log": log}, indent=1))
+                                                    "until": until, "worked_frac": worked_frac, "log": log}, indent=1))
     return out
 
 
@@ -151,12 +180,12 @@ def _child_env(args) -> dict:
     return dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
 
 
-def _run(cmd: list[str], args) -> tuple[subprocess.CompletedProcess, float, float]:
+def _run(cmd: list[str], args, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
     """(the finished process, its wall seconds, its CPU seconds: user + system, all threads and children)."""
     import resource
 
     before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
-    proc = subprocess.run(cmd, env=_child_env(args), capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=_child_env(args) | (env or {}), capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
@@ -169,6 +198,8 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
     """One `grpo train` subprocess; returns its curve from metrics.jsonl and summary.json.
     A curve point is (step, completions, training wall seconds, training CPU seconds, held-out accuracy);
     training time is the sum over steps, evaluation excluded."""
+    env = {"GRPO_BENCH_NO_BOS": "1"} if "bench.no_bos=true" in overrides else {}  # the ablation (timed_cli.py)
+    overrides = [o for o in overrides if o != "bench.no_bos=true"]
     lr = [f"optim.lr={args.lr:g}"] if args.lr and not any(o.startswith("optim.lr=") for o in overrides) else []
     cmd = [sys.executable, str(Path(__file__).with_name("timed_cli.py")), "train", preset, f"model.name={model}",
            f"data.path={train_file}", f"data.test_path={test_file}", "reward.functions=[exact_answer]",
@@ -176,7 +207,7 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
            f"eval.n={args.eval_n}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
            f"rollout.max_new_tokens={args.max_new_tokens}", "log.plots=false", "log.sample_groups=0",
            f"train.output_dir={run_dir}", *lr, *overrides, "--quiet", "--json"]
-    proc, wall, cpu = _run(cmd, args)
+    proc, wall, cpu = _run(cmd, args, env)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train_s = train_cpu_s = 0.0
@@ -186,10 +217,8 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
         train_cpu_s += r.get("perf/step_cpu_s", 0.0)
         if "eval/accuracy" in r and r["step"] > 0:  # step 0 (the row some versions write first) is curve[0]
             curve.append((r["step"], r["step"] * args.prompts * args.group, train_s, train_cpu_s, r["eval/accuracy"]))
-    best = run_dir / "checkpoints" / "best"
     return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": _saved_lr(run_dir),
-            "best_checkpoint": str(best) if (best / "config.json").exists() else None,
-            "best_step": summary.get("eval/best_step"), "command": " ".join(map(str, cmd))}
+            "best_checkpoint": check_best(run_dir, test_file, args), "command": " ".join(map(str, cmd))}
 
 
 def train_minimal(model: Path, train_file: Path, test_file: Path, run_dir: Path, overrides: list[str], seed: int,
@@ -212,7 +241,7 @@ def train_minimal(model: Path, train_file: Path, test_file: Path, run_dir: Path,
     rows = [json.loads(x) for x in (run_dir / "curve.jsonl").read_text().splitlines() if x.strip()]
     curve = [(r["step"], r["completions"], r["train_s"], r["train_cpu_s"], r["accuracy"]) for r in rows]
     lr_used = next((float(o.split("=", 1)[1]) for o in overrides if o.startswith("lr=")), lr)
-    return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": lr_used, "best_checkpoint": None, "best_step": None,
+    return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": lr_used, "best_checkpoint": None,
             "command": " ".join(map(str, cmd))}
 
 
@@ -241,7 +270,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", nargs="+",
                    default=["default:grpo:", "dapo:dapo:", "dr_grpo:dr_grpo:", "minimal:minimal:"],
                    help="NAME:PRESET:OVERRIDES; the preset 'minimal' runs examples/grpo_minimal.py (overrides "
-                        "are its options without dashes, e.g. lr=5e-5)")
+                        "are its options without dashes, e.g. lr=5e-5); the override bench.no_bos=true feeds "
+                        "prompts without BOS (the ablation in timed_cli.py)")
     p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--steps", type=int)
     p.add_argument("--eval-every", type=int)
@@ -252,8 +282,11 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, help="optim.lr of every configuration that does not set its own "
                                             "(default: the library's default for a user model, 1e-6)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each run (OMP_NUM_THREADS)")
-    p.add_argument("--warm-steps", type=int, help="at most this many warm-up steps (default 600)")
-    p.add_argument("--warm-lr", type=float, default=3e-3)
+    p.add_argument("--warm-steps", type=int, help="at most this many warm-up steps (default 500)")
+    p.add_argument("--warm-lr", type=float, default=1e-3)
+    p.add_argument("--warm-batch", type=int, default=32)
+    p.add_argument("--warm-worked-frac", type=float, default=0.8,
+                   help="share of worked-style demonstrations in the warm-up (the task's own default is 0.35)")
     p.add_argument("--warm-until", type=float, default=0.2,
                    help="stop the warm-up once held-out greedy accuracy reaches this (checked every 50 steps)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
@@ -263,13 +296,15 @@ def main(argv=None) -> int:
     args.seeds = args.seeds or ([0] if args.small else [0, 1, 2])
     args.steps = args.steps or (30 if args.small else 100)
     args.eval_every = args.eval_every or 10
-    warm = args.warm_steps or 600
-    work = args.work / f"{size}-w{warm}-lr{args.warm_lr:g}-until{args.warm_until:g}"
+    warm = args.warm_steps or 500
+    work = args.work / (f"{size}-w{warm}-lr{args.warm_lr:g}-b{args.warm_batch}-wf{args.warm_worked_frac:g}"
+                        f"-until{args.warm_until:g}")
     work.mkdir(parents=True, exist_ok=True)
     import torch
 
     torch.set_num_threads(args.threads)
-    model = build_checkpoint(work / "model", size, warm, train_size=20000, lr=args.warm_lr, until=args.warm_until)
+    model = build_checkpoint(work / "model", size, warm, train_size=20000, lr=args.warm_lr, until=args.warm_until,
+                             batch_size=args.warm_batch, worked_frac=args.warm_worked_frac)
     train_file, test_file = write_data(work, 20000, args.eval_n)
     results = []
     out = args.output or (ROOT / "bench" / "learning" / "results" / f"{size}.json")
@@ -285,6 +320,10 @@ def main(argv=None) -> int:
             row = {"config": name, "preset": preset, "overrides": extra, "seed": seed, **figures(res["curve"]),
                    **res}
             results.append(row)
+            if row["best_checkpoint"]:
+                b = row["best_checkpoint"]
+                print(f"[bench] checkpoints/best (step {b['step']}) reloaded with from_pretrained: accuracy "
+                      f"{b['reloaded']:.3f}, recorded {b['recorded']:.3f}", file=sys.stderr)
             print(f"[bench] {name} seed {seed}: lr {row['lr']:g}, {row['before']:.3f} -> {row['after']:.3f} "
                   f"(best {row['best']:.3f}), {row['per_1k']:+.4f}/1k completions, {row['per_min']:+.3f}/min, "
                   f"{row['per_cpu_min']:+.3f}/CPU min, max drop {row['max_drop']:.3f}, {row['wall_s']:.0f} s wall, "

@@ -4,6 +4,9 @@ library through this file so that its figures per CPU minute and the minimal exa
 training itself is exactly the CLI's.
 
     python bench/learning/timed_cli.py train grpo model.name=DIR ...
+
+GRPO_BENCH_NO_BOS=1 is an ablation, not a setting: every prompt is tokenized with add_special_tokens=False, as the
+library did before grpo.tokens (a BOS-adding checkpoint then sees prompts without BOS in RL, never at inference).
 """
 
 from __future__ import annotations
@@ -12,7 +15,24 @@ import sys
 import time
 
 
+def _without_special_tokens() -> None:
+    """Patch grpo.tokens before any module imports its functions: every text counts as templated."""
+    import grpo.tokens as tokens
+
+    text_token_ids = tokens.text_token_ids
+
+    def no_bos(tokenizer, texts, templated=False, **kwargs):
+        return text_token_ids(tokenizer, texts, True, **kwargs)
+
+    tokens.text_token_ids = no_bos
+    tokens.prompt_token_ids = lambda tokenizer, prompts: no_bos(tokenizer, [p.text for p in prompts])
+
+
 def main() -> int:
+    import os
+
+    if os.environ.get("GRPO_BENCH_NO_BOS") == "1":
+        _without_special_tokens()
     from grpo.cli import main as cli_main
     from grpo.train.trainer import Trainer
 
