@@ -44,3 +44,21 @@ def test_table_gives_mean_and_spread_over_seeds():
     line = run.table(rows).splitlines()[-1]
     assert line.startswith("| default | 5e-05 | 2 | 0.200 ± 0.000 | 0.350 ± 0.071 | +0.150 ± 0.071 |")
     assert line.endswith("| 0.050 |")
+
+
+def test_library_curve_counts_resampled_completions(tmp_path):
+    """metrics.jsonl rows as `grpo train` + timed_cli.py write them: step 0's evaluation, then steps with their
+    times; dapo's second generation round in step 2 makes it 128 completions, not 64."""
+    import argparse
+    import json
+
+    run = _load()
+    rows = [{"step": 0, "eval/accuracy": 0.3},
+            {"step": 1, "perf/step_s": 2.0, "perf/step_cpu_s": 1.0, "bench/sampled_completions": 64.0},
+            {"step": 2, "perf/step_s": 3.0, "perf/step_cpu_s": 1.5, "bench/sampled_completions": 128.0,
+             "eval/accuracy": 0.35},
+            {"step": 3, "perf/step_s": 2.0, "perf/step_cpu_s": 1.0},  # no count (older rows): P x G
+            {"step": 3, "eval/accuracy": 0.4}]  # an evaluation in a row of its own counts no step
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = run.library_curve(tmp_path, 0.3, argparse.Namespace(prompts=8, group=8))
+    assert curve == [(0, 0, 0.0, 0.0, 0.3), (2, 192, 5.0, 2.5, 0.35), (3, 256, 7.0, 3.5, 0.4)]

@@ -209,16 +209,42 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
            f"train.output_dir={run_dir}", *lr, *overrides, "--quiet", "--json"]
     proc, wall, cpu = _run(cmd, args, env)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"curve": library_curve(run_dir, summary["eval/accuracy_before"], args), "wall_s": wall, "cpu_s": cpu,
+            "lr": _saved_lr(run_dir),
+            "best_checkpoint": check_best(run_dir, test_file, args), "command": " ".join(map(str, cmd))}
+
+
+def library_curve(run_dir: Path, before: float, args) -> list[tuple]:
+    """(step, completions sampled, training wall s, training CPU s, held-out accuracy) at each evaluation of a
+    library run, from its metrics.jsonl. Completions count every generation round (bench/sampled_completions,
+    from timed_cli.py: dapo resamples); rows without it count steps x P x G."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    train_s = train_cpu_s = 0.0
-    curve = [(0, 0, 0.0, 0.0, summary["eval/accuracy_before"])]
+    train_s = train_cpu_s = completions = 0.0
+    curve = [(0, 0, 0.0, 0.0, before)]
     for r in rows:
+        if r["step"] == 0:  # the evaluation before training: curve[0]
+            continue
         train_s += r.get("perf/step_s", 0.0)
         train_cpu_s += r.get("perf/step_cpu_s", 0.0)
-        if "eval/accuracy" in r and r["step"] > 0:  # step 0 (the row some versions write first) is curve[0]
-            curve.append((r["step"], r["step"] * args.prompts * args.group, train_s, train_cpu_s, r["eval/accuracy"]))
-    return {"curve": curve, "wall_s": wall, "cpu_s": cpu, "lr": _saved_lr(run_dir),
-            "best_checkpoint": check_best(run_dir, test_file, args), "command": " ".join(map(str, cmd))}
+        if "perf/step_s" in r:
+            completions += r.get("bench/sampled_completions", args.prompts * args.group)
+        if "eval/accuracy" in r:
+            curve.append((r["step"], int(completions), train_s, train_cpu_s, r["eval/accuracy"]))
+    return curve
+
+
+def rescan(path: Path) -> None:
+    """Rebuild the library rows' curves and figures of a results JSON from their run directories (e.g. after
+    timed_cli.py began to count dapo's resampled completions)."""
+    data = json.loads(path.read_text())
+    ns = argparse.Namespace(**{k: int(data["args"][k]) for k in ("prompts", "group")})
+    for row in data["results"]:
+        if row["preset"] == "minimal":
+            continue
+        run_dir = Path(row["command"].split("train.output_dir=", 1)[1].split()[0])
+        row["curve"] = library_curve(run_dir, row["curve"][0][-1], ns)
+        row.update(figures(row["curve"]))
+    path.write_text(json.dumps(data, indent=1))
 
 
 def train_minimal(model: Path, train_file: Path, test_file: Path, run_dir: Path, overrides: list[str], seed: int,
@@ -291,7 +317,15 @@ def main(argv=None) -> int:
                    help="stop the warm-up once held-out greedy accuracy reaches this (checked every 50 steps)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
     p.add_argument("--output", type=Path)
+    p.add_argument("--rescan", type=Path, help="rebuild a results JSON's library curves from its run directories")
+    p.add_argument("--report", type=Path, help="print the tables of a results JSON written earlier, and exit")
     args = p.parse_args(argv)
+    if args.rescan:
+        rescan(args.rescan)
+    if args.report or args.rescan:
+        results = json.loads((args.report or args.rescan).read_text())["results"]
+        print(table(results) + "\n\n" + curve_table(results))
+        return 0
     size = "small" if args.small else args.size
     args.seeds = args.seeds or ([0] if args.small else [0, 1, 2])
     args.steps = args.steps or (30 if args.small else 100)
@@ -329,7 +363,7 @@ def main(argv=None) -> int:
                   f"{row['per_cpu_min']:+.3f}/CPU min, max drop {row['max_drop']:.3f}, {row['wall_s']:.0f} s wall, "
                   f"{row['cpu_s']:.0f} s CPU", file=sys.stderr)
             _write(out, size, warm, work, args, results)  # after every run: a partial result survives a stop
-    print(table(results))
+    print(table(results) + "\n\n" + curve_table(results))
     return 0
 
 
@@ -354,6 +388,29 @@ def table(results) -> str:
         lines.append(f"| {name} | {rows[0]['lr']:g} | {len(rows)} | {m('before', '.3f')} | {m('after', '.3f')} | "
                      f"{m('gain')} | {m('per_1k')} | {m('per_min')} | {m('per_cpu_min')} | "
                      f"{max(r['max_drop'] for r in rows):.3f} |")
+    return "\n".join(lines)
+
+
+def curve_table(results) -> str:
+    """Held-out accuracy (mean ± sample std over seeds) at each evaluation, one column per configuration, with the
+    completions sampled so far and the mean training time (wall / CPU seconds) to reach it."""
+    names = list(dict.fromkeys(r["config"] for r in results))
+    head = "| step | completions | " + " | ".join(f"{n}: accuracy | {n}: train s wall / CPU" for n in names) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(names))]
+    steps = sorted({c[0] for r in results for c in r["curve"]})
+    for step in steps:
+        cells, completions = [], ""
+        for name in names:
+            pts = [c for r in results if r["config"] == name for c in r["curve"] if c[0] == step]
+            if not pts:
+                cells += ["", ""]
+                continue
+            completions = pts[0][1]
+            acc = [c[-1] for c in pts]
+            spread = f" ± {statistics.stdev(acc):.3f}" if len(acc) > 1 else ""
+            cells += [f"{statistics.mean(acc):.3f}{spread}",
+                      f"{statistics.mean(c[2] for c in pts):.0f} / {statistics.mean(c[3] for c in pts):.0f}"]
+        lines.append(f"| {step} | {completions} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

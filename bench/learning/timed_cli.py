@@ -1,5 +1,6 @@
-"""`python -m grpo.cli ...` with one more metric per step: perf/step_cpu_s, this process's CPU seconds in the step
-(all threads). Wall time moves with whatever else the machine runs; CPU time hardly does. The benchmark runs the
+"""`python -m grpo.cli ...` with two more metrics per step: perf/step_cpu_s, this process's CPU seconds in the step
+(all threads), and bench/sampled_completions, the completions generated in the step (dapo's resampling rounds
+included). Wall time moves with whatever else the machine runs; CPU time hardly does. The benchmark runs the
 library through this file so that its figures per CPU minute and the minimal example's are measured alike; the
 training itself is exactly the CLI's.
 
@@ -36,15 +37,20 @@ def main() -> int:
     from grpo.cli import main as cli_main
     from grpo.train.trainer import Trainer
 
-    step = Trainer.step
+    step, generate = Trainer.step, Trainer._generate
+
+    def counted_generate(self, prompts, G, round_):
+        self._bench_sampled = getattr(self, "_bench_sampled", 0) + len(prompts) * G
+        return generate(self, prompts, G, round_)
 
     def timed_step(self, *args, **kwargs):
-        c = time.process_time()
+        c, self._bench_sampled = time.process_time(), 0
         metrics = step(self, *args, **kwargs)
         metrics["perf/step_cpu_s"] = time.process_time() - c
+        metrics["bench/sampled_completions"] = float(self._bench_sampled)
         return metrics
 
-    Trainer.step = timed_step
+    Trainer._generate, Trainer.step = counted_generate, timed_step
     return cli_main(sys.argv[1:])
 
 
