@@ -392,25 +392,25 @@ def table(results) -> str:
 
 
 def curve_table(results) -> str:
-    """Held-out accuracy (mean ± sample std over seeds) at each evaluation, one column per configuration, with the
-    completions sampled so far and the mean training time (wall / CPU seconds) to reach it."""
+    """Held-out accuracy (mean ± sample std over seeds) at each evaluation, one pair of columns per configuration:
+    the accuracy, and the completions sampled so far with the training time to reach them (wall / CPU seconds,
+    means over seeds)."""
     names = list(dict.fromkeys(r["config"] for r in results))
-    head = "| step | completions | " + " | ".join(f"{n}: accuracy | {n}: train s wall / CPU" for n in names) + " |"
-    lines = [head, "|" + "---|" * (2 + 2 * len(names))]
-    steps = sorted({c[0] for r in results for c in r["curve"]})
-    for step in steps:
-        cells, completions = [], ""
+    head = "| step | " + " | ".join(f"{n}: accuracy | {n}: completions, train s wall / CPU" for n in names) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(names))]
+    for step in sorted({c[0] for r in results for c in r["curve"]}):
+        cells = []
         for name in names:
             pts = [c for r in results if r["config"] == name for c in r["curve"] if c[0] == step]
             if not pts:
                 cells += ["", ""]
                 continue
-            completions = pts[0][1]
             acc = [c[-1] for c in pts]
             spread = f" ± {statistics.stdev(acc):.3f}" if len(acc) > 1 else ""
             cells += [f"{statistics.mean(acc):.3f}{spread}",
-                      f"{statistics.mean(c[2] for c in pts):.0f} / {statistics.mean(c[3] for c in pts):.0f}"]
-        lines.append(f"| {step} | {completions} | " + " | ".join(cells) + " |")
+                      f"{statistics.mean(c[1] for c in pts):.0f}, {statistics.mean(c[2] for c in pts):.0f} / "
+                      f"{statistics.mean(c[3] for c in pts):.0f}"]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
