@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         return 0
     size = "small" if args.small else args.size
     args.seeds = args.seeds or ([0] if args.small else [0, 1, 2])
-    args.steps = args.steps or (30 if args.small else 100)
+    args.steps = args.steps or (30 if args.small else 60)
     args.eval_every = args.eval_every or 10
     warm = args.warm_steps or 500
     work = args.work / (f"{size}-w{warm}-lr{args.warm_lr:g}-b{args.warm_batch}-wf{args.warm_worked_frac:g}"
