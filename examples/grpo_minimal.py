@@ -6,6 +6,9 @@ tests/test_examples.py checks that one update of this file and one of the librar
 
     python examples/grpo_minimal.py --model DIR            # any local Hugging Face causal LM directory
     python examples/grpo_minimal.py                        # the built-in model (arithmetic, "What is 47 + 38?")
+    python examples/grpo_minimal.py --model DIR --train train.jsonl --test test.jsonl --eval-every 25 --log curve.jsonl
+                                                           # own problems ({"prompt": ..., "answer": "85"} rows),
+                                                           # held-out accuracy every 25 steps written to curve.jsonl
 
 One step, for P prompts and G completions each (N = P*G):
 
@@ -23,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
 import re
+import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -42,6 +47,12 @@ def make_problems(n: int, *, seed: int, test: bool) -> list[tuple[str, int]]:
         if (hashlib.sha1(f"{a}{op}{b}".encode()).digest()[0] % 10 == 0) == test:  # stable on every machine
             out[f"What is {a} {op} {b}?\n"] = a + b if op == "+" else a - b
     return list(out.items())
+
+
+def read_problems(path: str, n: int | None = None) -> list[tuple[str, int]]:
+    """(prompt, answer) pairs from a JSONL file of {"prompt": text, "answer": integer or its text} rows."""
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    return [(r["prompt"], int(r["answer"])) for r in rows[:n]]
 
 
 def reward(completion: str, answer: int) -> float:
@@ -170,6 +181,11 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0: no reference model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train", help="JSONL file of training problems (default: generated arithmetic)")
+    p.add_argument("--test", help="JSONL file of held-out problems (default: generated arithmetic)")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out problems evaluated")
+    p.add_argument("--eval-every", type=int, default=0, help="evaluate every K steps (0: before and after only)")
+    p.add_argument("--log", help="write one JSON row per evaluation here: step, completions, accuracy, seconds")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -181,11 +197,23 @@ def main() -> None:
     if args.beta > 0:  # a frozen copy of the starting policy
         ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    train, test = make_problems(5000, seed=1, test=False), make_problems(200, seed=2, test=True)
+    train = read_problems(args.train) if args.train else make_problems(5000, seed=1, test=False)
+    test = read_problems(args.test, args.eval_n) if args.test else make_problems(args.eval_n, seed=2, test=True)
     rng = random.Random(args.seed)
+    log = open(args.log, "w", encoding="utf-8") if args.log else None
+    train_s = train_cpu_s = 0.0  # time in training steps, evaluation excluded: wall and this process's CPU
 
-    print(f"held-out accuracy before: {accuracy(model, tok, test, args.max_new_tokens):.3f}")
+    def evaluate(step: int) -> float:
+        acc = accuracy(model, tok, test, args.max_new_tokens)
+        if log:
+            log.write(json.dumps({"step": step, "completions": step * args.prompts * args.group, "accuracy": acc,
+                                  "train_s": train_s, "train_cpu_s": train_cpu_s}) + "\n")
+            log.flush()
+        return acc
+
+    print(f"held-out accuracy before: {evaluate(0):.3f}")
     for step in range(1, args.steps + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
         problems = rng.sample(train, args.prompts)
         batch = sample(model, tok, [q for q, _ in problems], args.group, args.max_new_tokens, args.temperature)
         texts = tok.batch_decode(batch[2], skip_special_tokens=True)
@@ -194,9 +222,12 @@ def main() -> None:
         adv = group_advantages(rewards.view(args.prompts, args.group)).view(-1)
         loss = update(model, optimizer, batch, adv, temperature=args.temperature, beta=args.beta,
                       ref_model=ref_model)
+        train_s, train_cpu_s = train_s + time.perf_counter() - t0, train_cpu_s + time.process_time() - c0
         if step % 10 == 0:
             print(f"step {step:4d}  reward {rewards.mean():.3f}  loss {loss:+.4f}")
-    print(f"held-out accuracy after:  {accuracy(model, tok, test, args.max_new_tokens):.3f}")
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            print(f"step {step:4d}  held-out accuracy {evaluate(step):.3f}")
+    print(f"held-out accuracy after:  {evaluate(args.steps):.3f}")
 
 
 if __name__ == "__main__":

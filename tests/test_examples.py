@@ -145,3 +145,30 @@ def test_example_completion_mask_stops_after_first_eos():
     ex = _load_example()
     ids = torch.tensor([[5, 1, 9, 1], [5, 6, 7, 8], [1, 0, 0, 0]])
     assert ex.completion_mask(ids, eos_id=1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_example_reads_problem_files_and_logs_its_curve(model_dir, tmp_path, monkeypatch):
+    """--train/--test/--log (the learning benchmark runs the example on the library's data files): the rows
+    written are one per evaluation, with completions = step * P * G and time that starts at 0 and only grows."""
+    import json
+    import sys
+
+    ex = _load_example()
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"What is {a} + 1?\n", "answer": str(a + 1)}) + "\n"
+                             for a in range(10)))
+    test.write_text(json.dumps({"prompt": "What is 2 + 2?\n", "answer": 4}) + "\n"
+                    + json.dumps({"prompt": "What is 5 - 3?\n", "answer": "2"}) + "\n")
+    assert ex.read_problems(str(test)) == [("What is 2 + 2?\n", 4), ("What is 5 - 3?\n", 2)]
+    assert ex.read_problems(str(train), 3) == [(f"What is {a} + 1?\n", a + 1) for a in range(3)]
+    log = tmp_path / "curve.jsonl"
+    monkeypatch.setattr(sys, "argv", ["grpo_minimal.py", "--model", str(model_dir), "--train", str(train),
+                                      "--test", str(test), "--steps", "3", "--prompts", "2", "--group", "2",
+                                      "--max-new-tokens", "4", "--eval-every", "2", "--log", str(log)])
+    ex.main()
+    rows = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 2, 3]
+    assert [r["completions"] for r in rows] == [0, 8, 12]
+    assert all(r["accuracy"] in (0.0, 0.5, 1.0) for r in rows)
+    assert rows[0]["train_s"] == rows[0]["train_cpu_s"] == 0.0
+    assert 0 < rows[1]["train_s"] <= rows[2]["train_s"] and 0 < rows[1]["train_cpu_s"] <= rows[2]["train_cpu_s"]
