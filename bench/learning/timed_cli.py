@@ -45,10 +45,10 @@ def main() -> int:
 
     def timed_step(self, *args, **kwargs):
         c, self._bench_sampled = time.process_time(), 0
-        metrics = step(self, *args, **kwargs)
-        metrics["perf/step_cpu_s"] = time.process_time() - c
-        metrics["bench/sampled_completions"] = float(self._bench_sampled)
-        return metrics
+        result = step(self, *args, **kwargs)  # a StepResult; the loop logs its metrics
+        result.metrics["perf/step_cpu_s"] = time.process_time() - c
+        result.metrics["bench/sampled_completions"] = float(self._bench_sampled)
+        return result
 
     Trainer._generate, Trainer.step = counted_generate, timed_step
     return cli_main(sys.argv[1:])

@@ -5,15 +5,12 @@ them (its system prompt and question, through the chat template); clear errors f
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("reasoning_gym")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import chat_tokenizer  # noqa: E402
+from helpers.tiny_hf import chat_tokenizer  # noqa: E402
 
 from grpo.config import load_config  # noqa: E402
 from grpo.data.base import task_from_config  # noqa: E402

@@ -3,13 +3,7 @@ carrying a Qwen-style chat template with a tool-call format."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rollout"))  # rollout_helpers.tiny_model
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import torch
-from rollout_helpers import make_prompts, tiny_model
+from rollout.rollout_helpers import make_prompts, tiny_model
 
 from grpo.envs.base import EnvReply
 from grpo.rollout import Sampler

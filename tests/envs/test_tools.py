@@ -139,7 +139,7 @@ def test_failures_are_results_not_exceptions():
 
 def test_a_raising_or_hanging_tool_and_the_episode_goes_on(tok):
     """In a rollout: the tool's error comes back as its result, and the policy takes its next turn."""
-    from rollout_helpers import make_prompts, tiny_model
+    from rollout.rollout_helpers import make_prompts, tiny_model
 
     from grpo.rollout import Sampler
     from grpo.rollout.episodes import run_episodes
@@ -187,7 +187,7 @@ def test_python_tool_runs_in_the_sandbox_or_refuses_like_it():
 def test_an_episode_under_a_chat_template_keeps_the_templates_turns(qwen_tok):
     """A templated prompt: each tool reply is appended as the template writes it (closing of the assistant turn,
     the tool turn, the next generation prompt), and the policy's log-probs recompute over the kept ids."""
-    from rollout_helpers import tiny_model
+    from rollout.rollout_helpers import tiny_model
 
     from grpo.rollout import Sampler
     from grpo.rollout.episodes import run_episodes

@@ -5,8 +5,6 @@ template with the environment's messages."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,8 +13,7 @@ if not hasattr(vf, "MultiTurnEnv"):
     pytest.skip("verifiers without the classic environment API (0.4+)", allow_module_level=True)
 from datasets import Dataset  # noqa: E402  (a verifiers dependency)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import CHAT_TEMPLATE, chat_tokenizer  # noqa: E402
+from helpers.tiny_hf import CHAT_TEMPLATE, chat_tokenizer  # noqa: E402
 
 from grpo.envs.base import Environment  # noqa: E402
 from grpo.envs.verifiers_env import VerifiersTask, parse_tool_calls, policy_tool_calls  # noqa: E402

@@ -5,13 +5,11 @@ checked against values computed by hand from the sampled episodes."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny_hf import save_tiny_model  # noqa: E402
+from helpers.tiny_hf import save_tiny_model  # noqa: E402
 
 from grpo.config import load_config  # noqa: E402
 from grpo.train.trainer import Trainer  # noqa: E402
@@ -71,9 +69,10 @@ def test_a_verifiers_multi_turn_environment_trains_with_its_rubric_as_the_reward
     ends = []
     try:
         for _ in range(2):
-            metrics = trainer.step()
+            result = trainer.step()
+            metrics = result.metrics
             assert math.isfinite(metrics["loss/policy"]) and metrics["reward/missing_frac"] == 0.0
-            r, total = trainer.last_rollouts, trainer.last_scores.total
+            r, total = result.rollouts, result.scores.total
             assert r.episodes is not None and len(r.episodes) == 6
             for i, ep in enumerate(r.episodes):
                 policy = [t["text"] for t in ep["turns"] if t["role"] == "policy"]
@@ -108,7 +107,7 @@ def test_a_reasoning_gym_task_trains_with_its_scorer_as_the_reward(model_dir, tm
     try:
         assert isinstance(trainer.task, ReasoningGymTask)
         for _ in range(2):
-            metrics = trainer.step()
+            metrics = trainer.step().metrics
         assert "reward/reasoning_gym" in metrics
         res = trainer.evaluate()
         want = [trainer.task.score("test", p.meta["rg_index"], c) == 1.0
