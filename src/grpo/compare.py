@@ -94,7 +94,7 @@ def launch(name: str, preset: str, overrides: list[str], run_dir: Path, printer)
     t = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.run([sys.executable, "-m", "grpo.compare_worker", "--worker", str(spec_path)],
-                              stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(), check=False)
+                              stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), check=False)
     if proc.returncode != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
         raise RuntimeError(f"compare: the {name} run failed (exit {proc.returncode}); {log_path}:\n{tail}")
@@ -286,3 +286,11 @@ def plot_accuracy(result: dict, path: Path) -> Path:
 def _mean_curve(curves: list[list[dict]], key: str) -> list[float]:
     return [statistics.fmean(c[j][key] for c in curves) for j in range(len(curves[0]))]
 
+
+def _worker_env() -> dict[str, str]:
+    """This process's environment, with the directory this `grpo` was imported from first on PYTHONPATH: the
+    worker runs the same code as its parent, even when another copy of grpo is installed."""
+    env = os.environ.copy()
+    src = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
+    return env
