@@ -72,7 +72,7 @@ def _one_step(model_dir, tmp_path, *extra, perturb: bool = False):
     tok = trainer.tokenizer
     seen = {}
 
-    def example_sampler(prompts, group_size, generator=None):
+    def example_sampler(prompts, group_size, generator=None, temperature=None):  # the engine contract (rollout/engine.py)
         prompt_ids, prompt_mask, completion_ids, _ = ex.sample(example_model, tok, [p.text for p in prompts],
                                                                group_size, T, cfg.rollout.temperature)
         # A random tiny model rarely samples EOS within T tokens; end the completions at varied lengths (and leave
