@@ -39,7 +39,7 @@ def seen_columns(store):
 def test_episode_metrics_samples_report_and_transcript(make_trainer):
     seen = []
     trainer = make_trainer("data.task=tools", "env.max_turns=3", "log.sample_groups=2", reward_functions=seen_columns(seen))
-    trainer._env_factory = OneToolReply
+    trainer.env_factory = OneToolReply
     eos_logit(trainer, 50.0)  # every policy turn is just EOS: policy, tool, policy, done
     trainer.train()
     rows = [r for r in read_jsonl(trainer.run_dir / "metrics.jsonl") if "env/turns_mean" in r]
@@ -58,7 +58,7 @@ def test_episode_metrics_samples_report_and_transcript(make_trainer):
 
 def test_environment_reward_replaces_the_reward_functions_and_limits_truncate(make_trainer):
     trainer = make_trainer("data.task=tools", "env.max_turns=3", reward_functions=seen_columns([]))
-    trainer._env_factory = lambda p: OneToolReply(p, reward=0.75)
+    trainer.env_factory = lambda p: OneToolReply(p, reward=0.75)
     eos_logit(trainer, 50.0)
     prompts = trainer.stream.next(2)
     rollouts = trainer._generate(prompts, 2, 0)
@@ -70,7 +70,7 @@ def test_environment_reward_replaces_the_reward_functions_and_limits_truncate(ma
     assert batch.attention_mask.sum(-1).tolist() == [2 + reply] * 4
     cut = make_trainer("data.task=tools", "env.max_turns=1", run_dir=trainer.run_dir.parent / "cut",
                        reward_functions=seen_columns([]))
-    cut._env_factory = OneToolReply
+    cut.env_factory = OneToolReply
     eos_logit(cut, 50.0)
     m = cut._rollout_metrics(cut._generate(prompts, 2, 0))
     assert m["env/truncated_frac"] == 1.0 and m["env/turns_mean"] == 1.0

@@ -187,7 +187,7 @@ def test_a_short_ppo_run_with_episodes_trains_the_critic_on_policy_tokens(make_t
     trainer = make_trainer("data.task=tools", "env.max_turns=3", "train.steps=3", "algo.advantage=gae",
                            "algo.aggregate=token_mean", "algo.lam=0.95", "kl.coef=0.05", "kl.estimator=k1",
                            "rollout.max_new_tokens=6", "rollout.group_size=2", "rollout.prompts_per_step=2")
-    trainer._env_factory = OneToolReply
+    trainer.env_factory = OneToolReply
     eos_logit(trainer, 4.0)  # turns of 1..6 tokens, most of them ending in EOS: policy, tool, policy
     seen = []
     advantages = trainer.critic.advantages

@@ -13,7 +13,7 @@ from grpo.train.trainer import Trainer
 
 def sampled_reward(trainer, prompts, seed: int = 0) -> tuple[float, float]:
     """(mean correct reward, share of episodes with a tool call) of 4 episodes per prompt at temperature 1."""
-    r = run_episodes(trainer.sampler, prompts, 4, trainer._env_factory, max_turns=trainer.cfg.env.max_turns,
+    r = run_episodes(trainer.sampler, prompts, 4, trainer.env_factory, max_turns=trainer.cfg.env.max_turns,
                      max_tokens=trainer.cfg.env.max_tokens, generator=torch.Generator().manual_seed(seed))
     correct = [trainer.task.is_correct(prompts[i // 4], t) for i, t in enumerate(r.texts)]
     return sum(correct) / len(correct), sum(e["tool_calls"] > 0 for e in r.episodes) / len(r.episodes)

@@ -34,7 +34,6 @@ import torch
 
 from grpo.envs.base import EnvReply
 from grpo.envs.chat import env_message_ids
-from grpo.tokens import prompt_token_ids
 from grpo.types import Prompt, Rollouts
 
 
@@ -120,7 +119,8 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
     lengths = first.completion_mask.sum(-1).tolist()
     turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
     turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
-    prompt_ids = prompt_token_ids(tok, prompts)
+    # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
+    prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
     device = first.completion_ids.device
     while True:
         live = _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns, budget)

@@ -101,6 +101,7 @@ class Trainer:
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
         self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
+        self.env_factory = task_environment(self.task, self.tokenizer)  # None: single-turn (train/episodes.py)
         self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s,
                                     max_failure_frac=cfg.reward.max_failure_frac)
         total_updates = cfg.train.steps * cfg.algo.epochs
@@ -171,15 +172,13 @@ class Trainer:
         (train.seed, step, round, uid), so the rollouts do not depend on batching or the world size; several
         processes: one generator per (step, round, rank); otherwise the global RNG."""
         d, seed, step = self.dist, self.cfg.train.seed, self.step_count
-        if not hasattr(self, "_env_factory"):  # multi-turn episodes when the task has an environment (train/episodes.py)
-            self._env_factory = task_environment(self.task, self.tokenizer)
         with generation(self.policy, d):  # FSDP: weights gathered once, decoding without collectives
             if self.cfg.rollout.seed_per_prompt:  # one call; each group draws from its own generator
                 gen = [d.step_generator(seed, step, round_, p.uid, self.device) for p in prompts]
             else:
                 gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
             # no environment: one turn, exactly sampler.generate
-            return run_episodes(self.sampler, prompts, G, self._env_factory, generator=gen, **env_limits(self.cfg))
+            return run_episodes(self.sampler, prompts, G, self.env_factory, generator=gen, **env_limits(self.cfg))
 
     def _score(self, rollouts: Rollouts):
         G = rollouts.group_size
