@@ -117,3 +117,50 @@ def test_an_environment_that_raises_ends_its_episode_only(tok):
             assert any(t["role"] == "error" and "boom" in t["text"] for t in ep["turns"])
         else:
             assert ep["end"] == "done" and ep["env_reward"] == 0.5
+
+
+class MeetingEnv:
+    """step waits at a barrier until every episode of the batch is inside step at the same time: it ends its episode
+    with reward 1.0 when they all met, and raises (ending it as env_error) when the barrier times out or broke."""
+
+    def __init__(self, barrier):
+        self.barrier = barrier
+
+    def step(self, turn):
+        self.barrier.wait()
+        return EnvReply(done=True, reward=1.0)
+
+
+@pytest.mark.parametrize("workers", [8, 1])
+def test_the_environments_of_a_turn_step_concurrently(tok, workers):
+    """env.step_workers: with 8 threads the 8 episodes' environments are inside step at once (a slow sandboxed tool
+    then costs one time limit per turn, not one per episode); with 1 they step one after another, so the barrier
+    that needs all 8 at once never fills and breaks."""
+    import threading
+
+    model = tiny_model("llama", tok, eos_bias=6.0)  # EOS first or soon: every episode steps after turn 1
+    barrier = threading.Barrier(8, timeout=30 if workers == 8 else 0.5)
+    r = run_episodes(Sampler(model, tok, max_new_tokens=8), make_prompts(), 2, lambda p: MeetingEnv(barrier),
+                     step_workers=workers, generator=torch.Generator().manual_seed(0))
+    ends = [ep["end"] for ep in r.episodes]
+    if workers == 8:
+        assert ends == ["done"] * 8 and all(ep["env_reward"] == 1.0 for ep in r.episodes)
+    else:
+        assert ends == ["env_error"] * 8
+
+
+def test_concurrent_steps_give_the_episodes_of_sequential_ones(tok):
+    """Replies are applied in row order whatever order the threads finish in: the same ids, masks and records."""
+    model = tiny_model("llama", tok, eos_bias=3.0)
+    s = Sampler(model, tok, max_new_tokens=8)
+    runs = [run_episodes(s, make_prompts(), 3, CountingEnv, max_turns=4, step_workers=w,
+                         generator=torch.Generator().manual_seed(5)) for w in (1, 8)]
+    assert sum(e["tool_calls"] for e in runs[0].episodes) > 0
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert torch.equal(runs[0].loss_mask, runs[1].loss_mask) and runs[0].episodes == runs[1].episodes
+
+
+def test_step_workers_below_one_is_an_error(tok):
+    with pytest.raises(ValueError, match="env.step_workers"):
+        run_episodes(Sampler(tiny_model("llama", tok), tok, max_new_tokens=4), make_prompts(), 2, CountingEnv,
+                     step_workers=0)

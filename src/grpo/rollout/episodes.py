@@ -28,6 +28,8 @@ on top of the decode (docs in README "Tools and multi-turn episodes").
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -99,8 +101,10 @@ def _step(ep: _Episode, turn_text: str) -> EnvReply:
 
 
 def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, max_turns: int = 1,
-                 max_tokens: int | None = None, generator=None, temperature: float | None = None) -> Rollouts:
+                 max_tokens: int | None = None, step_workers: int = 1, generator=None,
+                 temperature: float | None = None) -> Rollouts:
     """G = n episodes per prompt (prompt-major rows), each with its own environment `env_factory(prompt)`.
+    step_workers > 1: the environments of a turn's episodes step in that many threads at once (env.step_workers).
     Returns Rollouts with `loss_mask` (N, T) and `episodes` (one record per row: its turns, tool calls and
     errors, the environment's reward, how it ended); `texts` holds each episode's final policy turn.
     env_factory None: the single-turn case, generate's Rollouts as they are."""
@@ -109,11 +113,11 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
         return first
     if max_turns < 1:
         raise ValueError(f"env.max_turns must be >= 1, got {max_turns}")
+    if step_workers < 1:
+        raise ValueError(f"env.step_workers must be >= 1, got {step_workers}")
     if max_turns > 1 and not callable(getattr(sampler, "generate_from_ids", None)):
         raise ValueError(f"the rollout engine {type(sampler).__name__} cannot continue token contexts "
                          "(generate_from_ids), which multi-turn episodes need; use the native sampler or env.max_turns=1")
-    tok = sampler.tokenizer
-    eos = tok.eos_token_id
     budget = max_tokens if max_tokens is not None else 1 << 30
     episodes = [_Episode(p, env_factory(p)) for p in prompts for _ in range(n)]
     lengths = first.completion_mask.sum(-1).tolist()
@@ -121,9 +125,18 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
     turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
     # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
     prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
+    with ThreadPoolExecutor(step_workers, thread_name_prefix="grpo-env") if step_workers > 1 else nullcontext() as pool:
+        return _continue(sampler, episodes, first, turn_ids, turn_logp, prompt_ids, n, max_turns, budget, generator,
+                         temperature, pool)
+
+
+def _continue(sampler, episodes, first, turn_ids, turn_logp, prompt_ids, n, max_turns, budget, generator,
+              temperature, pool) -> Rollouts:
+    """Turns 2, 3, ...: step the environments, sample the next policy turn of the episodes still live."""
+    tok = sampler.tokenizer
     device = first.completion_ids.device
     while True:
-        live = _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns, budget)
+        live = _take_turns(episodes, turn_ids, turn_logp, tok, tok.eos_token_id, max_turns, budget, pool)
         if not live:
             break
         T = min(sampler.max_new_tokens, max(budget - len(episodes[r].ids) for r in live))
@@ -138,10 +151,11 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
     return _assemble(first, episodes, tok.pad_token_id)
 
 
-def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget: int) -> list[int]:
+def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget: int, pool=None) -> list[int]:
     """Append each live episode's new policy turn, step its environment, append its reply; returns the rows that
-    go on to another policy turn."""
-    live = []
+    go on to another policy turn. With a thread pool the environments of different episodes step concurrently
+    (a sandboxed tool call waits on its own process); replies are applied in row order either way."""
+    stepping = []
     for r, ep in enumerate(episodes):
         if ep.done or turn_ids[r] is None:
             continue
@@ -156,33 +170,43 @@ def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget:
         if not ended:
             ep.finish("max_tokens" if cut else "turn_limit", truncated=True)
             continue
-        reply = _step(ep, text)
-        ep.tool_calls += reply.tool_calls
-        ep.tool_errors += reply.tool_errors
-        if reply.info.get("error"):
-            ep.turns.append({"role": "error", "text": reply.info["error"], "tokens": 0})
-        if reply.done:
-            ep.env_reward = reply.reward
-            if reply.message is not None:
-                ep.turns.append({"role": reply.role, "text": reply.message, "tokens": 0})
-            ep.finish("env_error" if reply.info.get("error") else "done")
-            continue
-        if ep.policy_turns >= max_turns:
-            ep.finish("max_turns", truncated=True)
-            continue
-        try:
-            env_ids = env_message_ids(tok, reply.message or "", reply.role, ep.prompt.templated, True)
-        except ValueError as e:
-            ep.tool_errors += 1
-            ep.turns.append({"role": "error", "text": str(e), "tokens": 0})
-            ep.finish("env_error")
-            continue
-        if len(ep.ids) + len(env_ids) >= budget:  # no room left for a policy token after the reply
-            ep.finish("max_tokens", truncated=True)
-            continue
-        ep.add(env_ids, None, reply.role, reply.message or "")
-        live.append(r)
+        stepping.append((r, ep, text))
+    eps, texts = [ep for _, ep, _ in stepping], [text for *_, text in stepping]
+    replies = list(pool.map(_step, eps, texts) if pool is not None and len(eps) > 1 else map(_step, eps, texts))
+    live = []
+    for (r, ep, _), reply in zip(stepping, replies):
+        if _apply_reply(ep, reply, tok, max_turns, budget):
+            live.append(r)
     return live
+
+
+def _apply_reply(ep: _Episode, reply: EnvReply, tok, max_turns: int, budget: int) -> bool:
+    """Record the environment's reply in the episode; True when the policy takes another turn."""
+    ep.tool_calls += reply.tool_calls
+    ep.tool_errors += reply.tool_errors
+    if reply.info.get("error"):
+        ep.turns.append({"role": "error", "text": reply.info["error"], "tokens": 0})
+    if reply.done:
+        ep.env_reward = reply.reward
+        if reply.message is not None:
+            ep.turns.append({"role": reply.role, "text": reply.message, "tokens": 0})
+        ep.finish("env_error" if reply.info.get("error") else "done")
+        return False
+    if ep.policy_turns >= max_turns:
+        ep.finish("max_turns", truncated=True)
+        return False
+    try:
+        env_ids = env_message_ids(tok, reply.message or "", reply.role, ep.prompt.templated, True)
+    except ValueError as e:
+        ep.tool_errors += 1
+        ep.turns.append({"role": "error", "text": str(e), "tokens": 0})
+        ep.finish("env_error")
+        return False
+    if len(ep.ids) + len(env_ids) >= budget:  # no room left for a policy token after the reply
+        ep.finish("max_tokens", truncated=True)
+        return False
+    ep.add(env_ids, None, reply.role, reply.message or "")
+    return True
 
 
 def _assemble(first: Rollouts, episodes: list[_Episode], pad: int) -> Rollouts:

@@ -20,7 +20,7 @@ def task_environment(task, tokenizer):
 
 def env_limits(cfg) -> dict:
     """run_episodes' keyword limits from cfg.env."""
-    return {"max_turns": cfg.env.max_turns, "max_tokens": cfg.env.max_tokens}
+    return {"max_turns": cfg.env.max_turns, "max_tokens": cfg.env.max_tokens, "step_workers": cfg.env.step_workers}
 
 
 def episode_columns(rollouts) -> dict[str, list]:
