@@ -219,6 +219,30 @@ def test_the_reward_function_scores_episodes_cut_short_by_replaying_their_turns(
     assert task.is_correct(p, str(answer)) and not task.is_correct(p, str(answer + 1))
 
 
+def test_held_out_episodes_with_the_same_final_answer_are_judged_each_on_its_own_turns():
+    """Evaluation judges a verifiers episode by all its policy turns: right at once scores 1.0 (passes the 0.5
+    threshold); right after three wrong guesses 0.25 (fails), though both end with the same answer. Judged by the
+    final turn alone, the two would get one verdict."""
+    from grpo.train.evaluate import _judge
+
+    env = GuessEnv(dataset=Dataset.from_list(SUMS), rubric=vf.Rubric(funcs=[found_fast]))
+    task = task_of(env)
+    p = next(x for x in task.split("test", 40) if int(x.answer) >= 3)
+    answer = int(p.answer)
+    slow, fast = [str(answer - 3), str(answer - 2), str(answer - 1), str(answer)], [str(answer)]
+    records = []
+    for turns in (slow, fast):  # as the trainer's rollout runs them: each step, then the episode's record
+        ep = task.environment_factory()(p)
+        replies = [ep.step(t) for t in turns]
+        assert replies[-1].done and [r.done for r in replies[:-1]] == [False] * (len(turns) - 1)
+        records.append({"turns": [{"role": "policy", "text": t} for t in turns]})
+    assert replies[-1].reward == 1.0
+    assert _judge(task, [p, p], [str(answer)] * 2, records) == [False, True]
+    # not from the kept scores only: a fresh task replays each episode's turns to the same verdicts
+    assert _judge(task_of(GuessEnv(dataset=Dataset.from_list(SUMS), rubric=vf.Rubric(funcs=[found_fast]))),
+                  [p, p], [str(answer)] * 2, records) == [False, True]
+
+
 def test_splits_never_overlap_and_prompts_use_the_chat_template():
     tok = chat_tokenizer()
     task = task_of(single_turn_env(), tok)

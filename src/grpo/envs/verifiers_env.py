@@ -439,8 +439,7 @@ class VerifiersTask:
 
     def _keep(self, key: tuple, turns: tuple[str, ...], reward: float) -> None:
         self._scores[(key, turns)] = reward
-        self._scores[(key, ("final", turns[-1] if turns else ""))] = reward
-        while len(self._scores) > 2 * _KEEP:
+        while len(self._scores) > _KEEP:
             self._scores.popitem(last=False)
 
     def episode_score(self, split: str, index: int, turns: list[str]) -> float:
@@ -470,13 +469,19 @@ class VerifiersTask:
 
         return [("verifiers_rubric", verifiers_rubric, 1.0)]
 
+    def is_correct_episode(self, prompt: Prompt, record: dict) -> bool:
+        """Held-out accuracy (grpo.train.evaluate): the rubric's score of the episode, all its policy turns, reaches
+        the environment's pass_threshold. Two episodes that end with the same answer after different turns (tool
+        calls, feedback) are scored each on its own."""
+        turns = [t["text"] for t in record["turns"] if t["role"] == "policy"]
+        return self._passes(self.episode_score(prompt.meta["vf_split"], prompt.meta["vf_index"], turns))
+
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        """Held-out accuracy: the episode's rubric score reaches the environment's pass_threshold (evaluation gives
-        the final policy turn: the score kept for the episode that ended with it, else that turn replayed alone)."""
-        key = ((prompt.meta["vf_split"], int(prompt.meta["vf_index"])), ("final", completion))
-        score = self._scores.get(key)
-        if score is None:
-            score = self.episode_score(prompt.meta["vf_split"], prompt.meta["vf_index"], [completion])
+        """A single reply judged as a whole episode: the rubric's score of the rollout with `completion` as its
+        only policy turn (a multi-turn episode is judged by is_correct_episode)."""
+        return self._passes(self.episode_score(prompt.meta["vf_split"], prompt.meta["vf_index"], [completion]))
+
+    def _passes(self, score: float) -> bool:
         return score >= float(getattr(self.env, "pass_threshold", 0.5))
 
     def demonstration(self, prompt: Prompt, rng=None) -> str:

@@ -30,10 +30,7 @@ def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, ma
         episodes += r.episodes or []
         if progress is not None:
             progress(len(completions), len(prompts))
-    if hasattr(task, "is_correct_batch"):  # e.g. the code task: its programs run concurrently in the sandbox
-        correct = [bool(x) for x in task.is_correct_batch(prompts, completions)]
-    else:
-        correct = [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
+    correct = _judge(task, prompts, completions, episodes or None)
     out = {"accuracy": sum(correct) / max(len(correct), 1), "n": len(correct), "correct": correct,
            "completions": completions}
     if env is not None:
@@ -56,7 +53,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def _judge(task, prompts, completions) -> list[bool]:
+def _judge(task, prompts, completions, episodes=None) -> list[bool]:
+    """The task's verdict on each completion. A task that judges whole episodes (`is_correct_episode(prompt,
+    record)`, e.g. a verifiers environment whose rubric reads the transcript) gets each episode's record, not only
+    its final turn; `is_correct_batch` (e.g. the code task: programs run concurrently in the sandbox) judges the
+    batch at once; else `is_correct` one by one."""
+    if episodes is not None and hasattr(task, "is_correct_episode"):
+        return [bool(task.is_correct_episode(p, e)) for p, e in zip(prompts, episodes, strict=True)]
     if hasattr(task, "is_correct_batch"):
         return [bool(x) for x in task.is_correct_batch(prompts, completions)]
     return [bool(task.is_correct(p, c)) for p, c in zip(prompts, completions)]
@@ -81,9 +84,9 @@ def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: floa
     for i in range(0, len(prompts), per_batch):
         chunk = prompts[i:i + per_batch]
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + i + j) for j in range(len(chunk))]
-        texts = run_episodes(sampler, chunk, n, env, generator=gens,  # a task with tools: whole episodes,
-                             **(limits or {})).texts  # their final policy turn judged
-        correct = _judge(task, [p for p in chunk for _ in range(n)], texts)
+        r = run_episodes(sampler, chunk, n, env, generator=gens, **(limits or {}))  # a task with tools: whole
+        texts = r.texts  # episodes, their final policy turn (or the whole episode: is_correct_episode) judged
+        correct = _judge(task, [p for p in chunk for _ in range(n)], texts, r.episodes)
         for j, p in enumerate(chunk):
             out.append({"uid": p.uid, "completions": texts[j * n:(j + 1) * n], "correct": correct[j * n:(j + 1) * n]})
     return out
