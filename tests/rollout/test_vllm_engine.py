@@ -101,6 +101,53 @@ def test_builtin_model_generates_with_the_trainers_log_probs(builtin):
     _check_rollouts(model, tok, per_prompt, 4)
 
 
+class _Feedback:
+    """Answers the first two turns with '<result>k</result>' (as the tag-format tools do), then ends the episode."""
+
+    def __init__(self, prompt):
+        self.k = 0
+
+    def step(self, turn):
+        from grpo.envs.base import EnvReply
+
+        self.k += 1
+        return EnvReply(done=True) if self.k >= 3 else EnvReply(message=f"<result>{self.k}</result>\n", tool_calls=1)
+
+
+def test_multi_turn_episodes_continue_token_contexts_with_the_trainers_log_probs(builtin):
+    """generate_from_ids (the later turns of grpo.rollout.episodes): each policy token's engine log-prob equals a
+    plain forward of the trainer's model over the episode's ids; environment tokens are the message tokenized once
+    and carry no log-prob; the same generator gives the same episodes."""
+    from grpo.rollout.episodes import run_episodes
+
+    model, tok, engine = builtin
+    engine.max_new_tokens = 40  # room for the built-in model's worked answers to end with EOS, so turns follow
+    try:
+        runs = [run_episodes(engine, PROMPTS, 3, _Feedback, max_turns=4, generator=torch.Generator().manual_seed(2))
+                for _ in range(2)]
+    finally:
+        engine.max_new_tokens = 12
+    r = runs[0]
+    assert torch.equal(r.completion_ids, runs[1].completion_ids) and torch.equal(r.logp, runs[1].logp)
+    assert sum(sum(t["role"] == "policy" for t in e["turns"]) > 1 for e in r.episodes) > 0  # later turns ran
+    for row, episode in enumerate(r.episodes):
+        n = int(r.completion_mask[row].sum())
+        prompt = r.prompt_ids[row // 3][r.prompt_mask[row // 3].bool()]
+        ids = torch.cat([prompt, r.completion_ids[row, :n]])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=ids[None]).logits[0].float()[len(prompt) - 1:-1], -1)
+        ref = lp.gather(-1, ids[len(prompt):, None])[:, 0]
+        policy = r.loss_mask[row, :n].bool()
+        assert (r.logp[row, :n][policy] - ref[policy]).abs().max() < 1e-3
+        assert torch.all(r.logp[row, :n][~policy] == 0)
+        pos = 0
+        for t in episode["turns"]:
+            if t["role"] == "tool" and t["tokens"]:
+                assert ids[len(prompt) + pos:len(prompt) + pos + t["tokens"]].tolist() == tok(
+                    t["text"], add_special_tokens=False)["input_ids"]
+            pos += t["tokens"]
+
+
 def test_sync_makes_the_engine_follow_the_trainers_weights_exactly(builtin):
     model, tok, engine = builtin
     before = copy.deepcopy(model.state_dict())

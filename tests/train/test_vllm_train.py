@@ -56,3 +56,19 @@ def test_five_steps_then_a_resume_that_repeats_them(tmp_path):
     for r in steps[3:]:  # the same rollouts (seeds from the restored RNG) and the same update
         assert again[r["step"]]["reward/mean"] == r["reward/mean"]
         assert again[r["step"]]["loss/policy"] == pytest.approx(r["loss/policy"], abs=1e-6)
+
+
+def test_the_tool_task_trains_with_multi_turn_episodes_on_the_engine(tmp_path):
+    """`grpo train tools rollout.engine=vllm`: the calculator episodes' later turns come from the engine too
+    (generate_from_ids), and the trainer's log-probs of the episodes' policy tokens are the engine's."""
+    run = tmp_path / "tools"
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-m", "grpo.cli", "train", "tools", "rollout.engine=vllm", "train.steps=2",
+            "rollout.prompts_per_step=4", "eval.n=4", "train.eval_every=0", "log.progress=false", "log.plots=false",
+            "train.preflight=off", f"train.output_dir={run}"]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    steps = [r for r in rows(run) if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["env/turns_mean"] > 1 and r["env/tool_calls_mean"] > 0 for r in steps)
+    assert all(r["rollout/logp_diff"] < 1e-4 for r in steps)

@@ -21,6 +21,14 @@ class RolloutEngine(Protocol):
         """G = n samples for each of P prompts, prompt-major (row i belongs to prompt i // n)."""
         ...
 
+    def generate_from_ids(self, contexts: list[list[int]], uniforms: torch.Tensor, *,
+                          temperature: float | None = None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """Multi-turn episodes' later turns (grpo.rollout.episodes): continue B token contexts as they are by at
+        most T = uniforms.shape[1] tokens, one sample each; uniforms (B, T) are the rows' draws (the native sampler
+        samples with them, vLLM seeds each row from its first). Returns per context the new ids, their log-probs,
+        and whether EOS ended it. Both engines have it."""
+        ...
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from `model`'s current weights (called after every optimizer step). The native
         sampler decodes with the training model itself, so it has nothing to do."""

@@ -134,6 +134,39 @@ class VllmEngine:
             self._sleep()
         return self._rollouts(prompts, n, prompt_ids, prompt_mask, outputs)
 
+    @torch.no_grad()
+    def generate_from_ids(self, contexts: list[list[int]], uniforms: torch.Tensor, *,
+                          temperature: float | None = None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """The later turns of multi-turn episodes (grpo.rollout.episodes), the native sampler's contract: continue
+        B token contexts as they are by at most T = uniforms.shape[1] tokens each, one sample per context. Returns
+        per context the new ids (EOS included when sampled), the engine's log-probs of them, and whether EOS ended
+        it. vLLM draws its own numbers: each row's seed is made from its first uniform, so a row's turn follows
+        the episode's generator (rollout.seed_per_prompt) and not the batch around it. With prefix caching the
+        context's earlier turns are not computed again where their KV blocks are still cached."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        temperature = self.temperature if temperature is None else temperature
+        if not contexts or any(len(c) == 0 for c in contexts):
+            raise ValueError("generate_from_ids: every context needs at least one token")
+        T = int(uniforms.shape[1])
+        self.sync_weights(self.model)
+        eos = self.tokenizer.eos_token_id
+        seeds = (uniforms[:, 0].double() * (2**31 - 1)).long().tolist()
+        params = [SamplingParams(n=1, temperature=temperature, top_p=self.top_p, max_tokens=T,
+                                 min_tokens=min(self.min_new_tokens, T), logprobs=0, seed=s,
+                                 stop_token_ids=[] if eos is None else [eos], detokenize=False) for s in seeds]
+        inputs = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        self._wake()
+        try:
+            with own_rng(self.cuda):
+                outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        finally:
+            self._sleep()
+        ids = [list(out.outputs[0].token_ids)[:T] for out in outputs]
+        logps = [[lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, i)] for out, i in zip(outputs, ids)]
+        return ids, logps, [bool(i) and i[-1] == eos for i in ids]
+
     def _rollouts(self, prompts, n, prompt_ids, prompt_mask, outputs) -> Rollouts:
         N, T = len(prompts) * n, self.max_new_tokens
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
