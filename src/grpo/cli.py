@@ -105,7 +105,7 @@ def _eval(args) -> int:
                                   max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                   temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                  limits=env_limits(cfg))
+                                  **env_limits(cfg))
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem
         Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

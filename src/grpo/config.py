@@ -180,10 +180,11 @@ class EnvConfig(_Section):
     max_tokens: int | None = Field(None, ge=1, description="tokens per episode after the prompt, policy and environment "
                                    "together; a longer one is cut (truncated). None: no limit but max_turns x "
                                    "rollout.max_new_tokens plus the environment's messages")
-    step_workers: int = Field(8, ge=1, description="threads that step the environments of a turn's episodes at once "
-                              "(a sandboxed tool call waits on its own process, so a slow tool costs one timeout per "
-                              "turn, not one per episode); 1 steps them one after another, for environments whose "
-                              "episodes share state that is not thread-safe")
+    step_workers: int | None = Field(None, ge=1, description="threads that step the environments of a turn's "
+                                     "episodes at once (a sandboxed tool call waits on its own process); None: "
+                                     "min(8, CPU cores), as the code rewards. An environment is stepped on any of "
+                                     "these threads: 1 for environments that are not thread-safe or hold "
+                                     "thread-bound state (e.g. an sqlite connection)")
 
 
 class TrainConfig(_Section):

@@ -243,6 +243,36 @@ def test_held_out_episodes_with_the_same_final_answer_are_judged_each_on_its_own
                   [p, p], [str(answer)] * 2, records) == [False, True]
 
 
+class FailingEnv(vf.MultiTurnEnv):
+    """Answers 'again' to the first turn and raises on the second (an environment's bug the policy can reach)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_turns=3, **kwargs)
+
+    async def env_response(self, messages, state, **kwargs):
+        if sum(m.role == "assistant" for m in messages) >= 2:
+            raise ValueError("env bug")
+        return [vf.UserMessage(content="again")]
+
+
+def test_an_episode_the_environment_raised_on_scores_zero_in_training_and_evaluation():
+    """The rollout ends such an episode as env_error; scoring it replays its turns, which raise again: the reward
+    function and the held-out judge give 0 / wrong instead of stopping the run."""
+    from grpo.train.evaluate import _judge
+
+    task = task_of(FailingEnv(dataset=Dataset.from_list(SUMS), rubric=vf.Rubric(funcs=[exact])))
+    p = task.split("test", 1)[0]
+    ep = task.environment_factory()(p)
+    assert ep.step(p.answer).message == "again"
+    with pytest.raises(ValueError, match="env bug"):  # the rollout's _step catches this and ends the episode
+        ep.step(p.answer)
+    record = {"turns": [{"role": "policy", "text": p.answer}] * 2, "end": "env_error"}
+    assert _judge(task, [p], [p.answer], [record]) == [False]
+    (_, fn, _), = task.reward_functions()
+    messages = [[{"role": "user", "content": p.text}] + [{"role": "assistant", "content": p.answer}] * 2]
+    assert fn([p.text], [p.answer], messages=messages, vf_split=["test"], vf_index=[p.meta["vf_index"]]) == [0.0]
+
+
 def test_splits_never_overlap_and_prompts_use_the_chat_template():
     tok = chat_tokenizer()
     task = task_of(single_turn_env(), tok)

@@ -26,7 +26,9 @@ class Task(Protocol):
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
         """Held-out accuracy criterion (greedy pass@1). A task may also define
         `is_correct_batch(prompts, completions) -> list[bool]`, which evaluation then uses instead (the code task
-        runs its programs concurrently that way)."""
+        runs its programs concurrently that way), and a task with an environment `is_correct_episode(prompt,
+        record) -> bool`, which judges a whole episode (its record: turns, tool calls, how it ended) instead of its
+        final policy turn (the verifiers adapter does: its rubric reads the transcript)."""
 
     def demonstration(self, prompt: Prompt) -> str:
         """A correct, well-formatted completion (used only by the built-in model's supervised warm-up)."""

@@ -44,6 +44,7 @@ import asyncio
 import functools
 import hashlib
 import json
+import logging
 import re
 import time
 from collections import OrderedDict
@@ -55,6 +56,7 @@ from grpo.envs.tools import call_format_for, parse_calls
 from grpo.errors import MissingExtraError
 from grpo.types import Prompt
 
+log = logging.getLogger("grpo.envs")
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MODEL_NAME = "grpo-policy"  # what verifiers' state records as the model
 _KEEP = 20_000  # finished episodes whose rubric score is kept for the reward function and evaluation
@@ -444,16 +446,22 @@ class VerifiersTask:
 
     def episode_score(self, split: str, index: int, turns: list[str]) -> float:
         """The rubric's score of an episode with these policy turns: the score kept when verifiers ended it, else
-        a replay of the turns through a fresh rollout, scored where it stops."""
+        a replay of the turns through a fresh rollout, scored where it stops; 0 when the environment raises on
+        them (the rollout ended that episode as env_error)."""
         key = ((split, int(index)), tuple(turns))
         if key in self._scores:
             return self._scores[key]
         ep = VerifiersEpisode(self.env, self._split_rows()[split][int(index)], fmt=self.call_format)
-        for t in turns:
-            if ep.done:
-                break
-            ep.step(t)
-        return ep.score_now()
+        try:
+            for t in turns:
+                if ep.done:
+                    break
+                ep.step(t)
+            return ep.score_now()
+        except Exception as e:  # noqa: BLE001 - the environment raised on these turns, as it did in the rollout
+            log.warning("%s: the environment raised while its episode was scored (%s: %s); the episode scores 0 "
+                        "(the rollout counted it in env/tool_errors_frac)", self.name, type(e).__name__, e)
+            return 0.0
 
     def reward_functions(self):
         task = self

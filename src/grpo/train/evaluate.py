@@ -10,12 +10,14 @@ from grpo.rollout import Sampler
 
 @torch.no_grad()
 def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, max_new_tokens: int = 24,
-                   max_prompt_tokens: int | None = None, progress=None, limits: dict | None = None) -> dict:
+                   max_prompt_tokens: int | None = None, progress=None, max_turns: int = 4,
+                   max_tokens: int | None = None, step_workers: int | None = None) -> dict:
     """{'accuracy': float, 'n': int, 'correct': list[bool], 'completions': list[str]} under greedy decoding.
     `progress(done, total)` is called after each batch (grpo.tracking.progress.Phase.update).
-    A task with an environment (grpo.train.episodes) is evaluated on greedy episodes (`limits`: run_episodes'
-    max_turns, max_tokens and step_workers, as grpo.train.episodes.env_limits gives them); its final policy turn
-    is judged, and the result adds 'tool_use_frac' (episodes that called a tool) and 'episodes' (their records)."""
+    A task with an environment (grpo.train.episodes) is evaluated on greedy episodes (run_episodes' limits
+    max_turns, max_tokens, step_workers: cfg.env's, as grpo.train.episodes.env_limits gives them); each is judged
+    by its final policy turn, or as a whole by a task with `is_correct_episode`, and the result adds
+    'tool_use_frac' (episodes that called a tool) and 'episodes' (their records)."""
     from grpo.rollout.episodes import run_episodes
     from grpo.train.episodes import task_environment
 
@@ -25,7 +27,8 @@ def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, ma
     completions: list[str] = []
     episodes: list[dict] = []
     for i in range(0, len(prompts), batch_size):
-        r = run_episodes(sampler, prompts[i:i + batch_size], 1, env, **(limits or {}))
+        r = run_episodes(sampler, prompts[i:i + batch_size], 1, env, max_turns=max_turns, max_tokens=max_tokens,
+                         step_workers=step_workers)
         completions += r.texts
         episodes += r.episodes or []
         if progress is not None:
@@ -68,7 +71,8 @@ def _judge(task, prompts, completions, episodes=None) -> list[bool]:
 @torch.no_grad()
 def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: float, top_p: float = 1.0,
                    max_new_tokens: int = 24, max_prompt_tokens: int | None = None, batch_size: int = 250,
-                   seed: int = 0, limits: dict | None = None) -> list[dict]:
+                   seed: int = 0, max_turns: int = 4, max_tokens: int | None = None,
+                   step_workers: int | None = None) -> list[dict]:
     """n sampled completions per prompt at `temperature`, each judged by the task: [{uid, completions (n,), correct
     (n,)}] in prompt order. Each prompt's samples come from its own generator seeded by (seed, its index), so the
     result does not depend on batch_size."""
@@ -84,8 +88,9 @@ def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: floa
     for i in range(0, len(prompts), per_batch):
         chunk = prompts[i:i + per_batch]
         gens = [torch.Generator(device=device).manual_seed(seed * 1_000_003 + i + j) for j in range(len(chunk))]
-        r = run_episodes(sampler, chunk, n, env, generator=gens, **(limits or {}))  # a task with tools: whole
-        texts = r.texts  # episodes, their final policy turn (or the whole episode: is_correct_episode) judged
+        r = run_episodes(sampler, chunk, n, env, generator=gens, max_turns=max_turns, max_tokens=max_tokens,
+                         step_workers=step_workers)  # a task with tools: whole episodes, judged by their final
+        texts = r.texts  # policy turn (or as a whole: is_correct_episode)
         correct = _judge(task, [p for p in chunk for _ in range(n)], texts, r.episodes)
         for j, p in enumerate(chunk):
             out.append({"uid": p.uid, "completions": texts[j * n:(j + 1) * n], "correct": correct[j * n:(j + 1) * n]})
@@ -103,13 +108,14 @@ def pass_at_k_report(samples: list[dict], ks: list[int]) -> dict[str, float]:
 
 def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_new_tokens: int,
                       max_prompt_tokens: int | None, k: int | None = None, samples: int | None = None,
-                      temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                      limits: dict | None = None) -> tuple[dict, list[dict]]:
+                      temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int = 4,
+                      max_tokens: int | None = None, step_workers: int | None = None) -> tuple[dict, list[dict]]:
     """`grpo eval`: greedy accuracy, and with k: pass@1..pass@k from `samples` (default k) sampled completions per
     problem. Returns (the JSON summary, one record per problem: uid, prompt, answer, greedy completion and verdict,
     and with k the sampled completions, their verdicts and c = how many are correct)."""
+    limits = {"max_turns": max_turns, "max_tokens": max_tokens, "step_workers": step_workers}  # cfg.env's
     greedy = evaluate_model(model, tokenizer, task, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            max_prompt_tokens=max_prompt_tokens, limits=limits)
+                            max_prompt_tokens=max_prompt_tokens, **limits)
     summary = {"accuracy": greedy["accuracy"], "n": greedy["n"]}
     if "tool_use_frac" in greedy:
         summary["tool_use_frac"] = greedy["tool_use_frac"]
@@ -124,7 +130,7 @@ def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_n
         raise ValueError(f"--k must be between 1 and the number of samples per problem ({n}), got {k}")
     sampled = sample_correct(model, tokenizer, task, prompts, n=n, temperature=temperature, top_p=top_p,
                              max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
-                             batch_size=batch_size, seed=seed, limits=limits)
+                             batch_size=batch_size, seed=seed, **limits)
     ks = sorted({1, k} | {2 ** i for i in range(1, k.bit_length()) if 2 ** i < k})
     summary |= {"k": k, "samples": n, "temperature": temperature, **pass_at_k_report(sampled, ks)}
     for row, s in zip(rows, sampled, strict=True):

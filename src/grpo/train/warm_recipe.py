@@ -54,7 +54,7 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     with Phase("evaluating", len(prompts), "problems", console=console) as ph:
         res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
                              max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update,
-                             limits=env_limits(cfg))
+                             **env_limits(cfg))
     out = {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
            "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
     if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
