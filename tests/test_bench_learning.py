@@ -62,3 +62,23 @@ def test_library_curve_counts_resampled_completions(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = run.library_curve(tmp_path, 0.3, argparse.Namespace(prompts=8, group=8))
     assert curve == [(0, 0, 0.0, 0.0, 0.3), (2, 192, 5.0, 2.5, 0.35), (3, 256, 7.0, 3.5, 0.4)]
+
+
+def test_report_merges_results_files_run_in_parallel(tmp_path, capsys):
+    """Seeds run in two processes write two results files; --report A B prints their runs together and --merge
+    writes them to one file."""
+    import json
+
+    run = _load()
+    row = {"config": "default", "lr": 1e-6, "before": 0.2, "per_1k": 0.001, "per_min": 0.0, "per_cpu_min": 0.0,
+           "max_drop": 0.0, "curve": [[0, 0, 0.0, 0.0, 0.2], [10, 640, 1.0, 1.0, 0.3]]}
+    files = []
+    for seed, after in ((0, 0.3), (1, 0.4)):
+        f = tmp_path / f"s{seed}.json"
+        f.write_text(json.dumps({"size": "medium", "results": [row | {"seed": seed, "after": after,
+                                                                      "gain": after - 0.2}]}))
+        files.append(f)
+    merged = tmp_path / "all.json"
+    assert run.main(["--report", *map(str, files), "--merge", str(merged)]) == 0
+    assert "| default | 1e-06 | 2 | 0.200 ± 0.000 | 0.350 ± 0.071 |" in capsys.readouterr().out
+    assert [r["seed"] for r in json.loads(merged.read_text())["results"]] == [0, 1]

@@ -319,12 +319,18 @@ def main(argv=None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
     p.add_argument("--output", type=Path)
     p.add_argument("--rescan", type=Path, help="rebuild a results JSON's library curves from its run directories")
-    p.add_argument("--report", type=Path, help="print the tables of a results JSON written earlier, and exit")
+    p.add_argument("--report", type=Path, nargs="+", help="print the tables of results JSONs written earlier (several: "
+                                                          "their runs together, e.g. seeds run in parallel), and exit")
+    p.add_argument("--merge", type=Path, help="with --report: also write the runs together to this results JSON")
     args = p.parse_args(argv)
     if args.rescan:
         rescan(args.rescan)
     if args.report or args.rescan:
-        results = json.loads((args.report or args.rescan).read_text())["results"]
+        docs = [json.loads(f.read_text()) for f in (args.report or [args.rescan])]
+        results = [r for d in docs for r in d["results"]]
+        if args.merge:
+            args.merge.write_text(json.dumps({**docs[0], "merged_from": [str(f) for f in args.report],
+                                              "results": results}, indent=1))
         print(table(results) + "\n\n" + curve_table(results))
         return 0
     size = "small" if args.small else args.size
@@ -384,10 +390,11 @@ def table(results) -> str:
 
         def m(key, fmt="+.3f"):
             vals = [r[key] for r in rows]
-            return f"{statistics.mean(vals):{fmt}}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+            digits = fmt.lstrip("+")  # the spread with the mean's precision
+            return f"{statistics.mean(vals):{fmt}}" + (f" ± {statistics.stdev(vals):{digits}}" if len(vals) > 1 else "")
 
         lines.append(f"| {name} | {rows[0]['lr']:g} | {len(rows)} | {m('before', '.3f')} | {m('after', '.3f')} | "
-                     f"{m('gain')} | {m('per_1k')} | {m('per_min')} | {m('per_cpu_min')} | "
+                     f"{m('gain')} | {m('per_1k', '+.4f')} | {m('per_min')} | {m('per_cpu_min')} | "
                      f"{max(r['max_drop'] for r in rows):.3f} |")
     return "\n".join(lines)
 
