@@ -115,25 +115,10 @@ class VllmEngine:
                  generator: torch.Generator | list[torch.Generator] | None = None,
                  temperature: float | None = None) -> Rollouts:
         """G = n samples for each prompt, prompt-major; seeds drawn from `generator` (one, or one per prompt)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        temperature = self.temperature if temperature is None else temperature
-        self.sync_weights(self.model)  # a no-op unless the policy changed since the last sync
         prompt_ids, prompt_mask = encode_prompts(self.tokenizer, prompts, self.max_prompt_tokens)
-        seeds = prompt_seeds(len(prompts), generator)
-        eos = self.tokenizer.eos_token_id
-        params = [SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
-                                 min_tokens=self.min_new_tokens, logprobs=0, seed=s,
-                                 stop_token_ids=[] if eos is None else [eos],
-                                 detokenize=False) for s in seeds]
-        inputs = [TokensPrompt(prompt_token_ids=ids[m.bool()].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
-        self._wake()
-        try:
-            with own_rng(self.cuda):
-                outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        finally:
-            self._sleep()
+        contexts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+        outputs = self._generate(contexts, prompt_seeds(len(prompts), generator), n, self.max_new_tokens,
+                                 temperature)
         return self._rollouts(prompts, n, prompt_ids, prompt_mask, outputs)
 
     @torch.no_grad()
@@ -145,29 +130,35 @@ class VllmEngine:
         it. vLLM draws its own numbers: each row's seed is made from its first uniforms, so a row's turn follows
         the episode's generator (rollout.seed_per_prompt) and not the batch around it. With prefix caching the
         context's earlier turns are not computed again where their KV blocks are still cached."""
+        if not contexts or any(len(c) == 0 for c in contexts):
+            raise ValueError("generate_from_ids: every context needs at least one token")
+        T, eos = int(uniforms.shape[1]), self.tokenizer.eos_token_id
+        outputs = self._generate([list(c) for c in contexts], row_seeds(uniforms), 1, T, temperature)
+        ids = [list(out.outputs[0].token_ids)[:T] for out in outputs]
+        logps = [[lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, i)] for out, i in zip(outputs, ids)]
+        return ids, logps, [bool(i) and i[-1] == eos for i in ids]
+
+    def _generate(self, contexts: list[list[int]], seeds: list[int], n: int, max_tokens: int,
+                  temperature: float | None):
+        """vllm.LLM.generate: one request per token context, n samples of at most max_tokens, stopping at the
+        trainer's EOS only, with the engine's log-probs; the weights synced first, the engine woken for it and put
+        back to sleep after (unless held awake)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         temperature = self.temperature if temperature is None else temperature
-        if not contexts or any(len(c) == 0 for c in contexts):
-            raise ValueError("generate_from_ids: every context needs at least one token")
-        T = int(uniforms.shape[1])
-        self.sync_weights(self.model)
+        self.sync_weights(self.model)  # a no-op unless the policy changed since the last sync
         eos = self.tokenizer.eos_token_id
-        seeds = row_seeds(uniforms)
-        params = [SamplingParams(n=1, temperature=temperature, top_p=self.top_p, max_tokens=T,
-                                 min_tokens=min(self.min_new_tokens, T), logprobs=0, seed=s,
+        params = [SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=max_tokens,
+                                 min_tokens=min(self.min_new_tokens, max_tokens), logprobs=0, seed=s,
                                  stop_token_ids=[] if eos is None else [eos], detokenize=False) for s in seeds]
-        inputs = [TokensPrompt(prompt_token_ids=list(c)) for c in contexts]
+        inputs = [TokensPrompt(prompt_token_ids=c) for c in contexts]
         self._wake()
         try:
             with own_rng(self.cuda):
-                outputs = self.llm.generate(inputs, params, use_tqdm=False)
+                return self.llm.generate(inputs, params, use_tqdm=False)
         finally:
             self._sleep()
-        ids = [list(out.outputs[0].token_ids)[:T] for out in outputs]
-        logps = [[lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, i)] for out, i in zip(outputs, ids)]
-        return ids, logps, [bool(i) and i[-1] == eos for i in ids]
 
     def _rollouts(self, prompts, n, prompt_ids, prompt_mask, outputs) -> Rollouts:
         N, T = len(prompts) * n, self.max_new_tokens
