@@ -164,3 +164,41 @@ def test_step_workers_below_one_is_an_error(tok):
     with pytest.raises(ValueError, match="env.step_workers"):
         run_episodes(Sampler(tiny_model("llama", tok), tok, max_new_tokens=4), make_prompts(), 2, CountingEnv,
                      step_workers=0)
+
+
+class CallingEnv:
+    """Every turn 'calls a tool' (continues -> True); step counts how often the tool would have run."""
+
+    runs = 0
+
+    def __init__(self, prompt):
+        pass
+
+    def continues(self, turn):
+        return True
+
+    def step(self, turn):
+        CallingEnv.runs += 1
+        return EnvReply(message="<result>1</result>\n", tool_calls=1)
+
+
+def test_the_last_allowed_turns_tool_calls_are_not_run(tok):
+    """At env.max_turns an environment that would go on (continues(turn) is True) is not stepped: the episode is
+    cut there as before, and its tools do not run for a reply no turn would read."""
+    model = tiny_model("llama", tok, eos_bias=6.0)
+    s = Sampler(model, tok, max_new_tokens=8)
+    CallingEnv.runs = 0
+    r = run_episodes(s, make_prompts(), 2, CallingEnv, max_turns=2, generator=torch.Generator().manual_seed(0))
+    stepped = sum(len(e["turns"]) > 1 for e in r.episodes)  # turn 1 ended with EOS: a tool result, then turn 2
+    assert {e["end"] for e in r.episodes} <= {"max_turns", "turn_limit"}
+    assert sum(e["end"] == "max_turns" for e in r.episodes) > 0  # some turn 2 ended with EOS and called again
+    assert CallingEnv.runs == stepped  # stepped after turn 1 only, never after the last turn
+    assert all(e["tool_calls"] <= 1 for e in r.episodes)
+
+
+def test_tool_environment_continues_exactly_when_the_turn_calls():
+    from grpo.envs.tools import ToolEnvironment
+
+    env = ToolEnvironment([], "tags")
+    assert env.continues('<call>calculator("1+1")</call>') and env.continues("<call>broken")
+    assert not env.continues("The answer is 2.")

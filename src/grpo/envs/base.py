@@ -54,6 +54,10 @@ class Environment(Protocol):
 
     def step(self, turn: str) -> EnvReply: ...
 
+    # optional: `continues(turn) -> bool`, True when step(turn) would answer and go on (e.g. the turn calls tools)
+    # rather than end the episode, without doing anything. The rollout asks it on the last allowed turn
+    # (env.max_turns) and cuts such a turn without stepping, so tools are not run for a reply nobody reads.
+
 
 class EnvironmentFactory(Protocol):
     """Makes the environment of one episode from its prompt (the data row: text, answer, meta)."""

@@ -50,7 +50,7 @@ def call_format_for(tokenizer) -> str:
     return "hermes" if "<tool_call>" in str(template) else "tags"
 
 
-NOT_TOOLS = frozenset({"reset", "step"})  # an environment object's episode methods (TRL's reset, our step)
+NOT_TOOLS = frozenset({"reset", "step", "continues"})  # an environment object's episode methods (TRL's reset, ours)
 
 
 def tools_of(obj) -> list[Callable]:
@@ -212,6 +212,10 @@ class ToolEnvironment:
             raise ValueError(f"tool call format must be one of {FORMATS}, got {fmt!r}")
         self.tools = {fn.__name__: fn for fn in tools_of(tools)}
         self.fmt, self.timeout_s, self.max_calls, self.max_chars = fmt, timeout_s, max_calls, max_chars
+
+    def continues(self, turn: str) -> bool:
+        """True when the turn calls a tool (step would run it and answer), False when it is the answer."""
+        return bool(parse_calls(turn, self.fmt))
 
     def step(self, turn: str) -> EnvReply:
         calls = parse_calls(turn, self.fmt)

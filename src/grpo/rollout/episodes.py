@@ -15,7 +15,8 @@ tokenized once. An episode's completion is all its turns after the prompt, (N, T
 An episode ends when
     - a policy turn ends without EOS (its per-turn limit rollout.max_new_tokens): truncated
     - the environment answers done=True (its reward, if it gives one, replaces the task's reward functions)
-    - env.max_turns policy turns were taken and the environment still answers: truncated
+    - env.max_turns policy turns were taken and the environment still answers (or, when it has `continues`, would
+      answer: the last turn's tool calls are not run): truncated
     - the completion would pass env.max_tokens tokens (policy + environment): truncated, cut at the limit
     - env.step raises: the error text is recorded, counted as a tool error, and the episode ends (not truncated)
 Without an environment factory the first turn is the whole episode: `run_episodes` returns generate's Rollouts
@@ -101,6 +102,17 @@ def _step(ep: _Episode, turn_text: str) -> EnvReply:
                         info={"error": f"{type(ep.env).__name__}.step raised {type(e).__name__}: {e}"})
 
 
+def _continues(env, turn_text: str) -> bool:
+    """The environment's optional `continues(turn)`: True when step(turn) would answer and go on (the turn calls
+    tools) rather than end the episode. On the last allowed turn such a turn is cut without stepping, so its tools
+    do not run for a reply nobody reads. Without the method, or when it raises, the environment is stepped."""
+    check = getattr(env, "continues", None)
+    try:
+        return callable(check) and bool(check(turn_text))
+    except Exception:  # noqa: BLE001 - step() then runs and reports whatever is wrong
+        return False
+
+
 def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, max_turns: int = 1,
                  max_tokens: int | None = None, step_workers: int | None = 1, generator=None,
                  temperature: float | None = None) -> Rollouts:
@@ -176,6 +188,9 @@ def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget:
         ep.policy_turns += 1
         if not ended:
             ep.finish("max_tokens" if cut else "turn_limit", truncated=True)
+            continue
+        if ep.policy_turns >= max_turns and _continues(ep.env, text):  # its tools' results would never be read
+            ep.finish("max_turns", truncated=True)
             continue
         stepping.append((r, ep, text))
     eps, texts = [ep for _, ep, _ in stepping], [text for *_, text in stepping]
