@@ -100,8 +100,21 @@ def test_the_trainer_prints_uses_and_saves_the_resolved_values(tmp_path):
         assert trainer.optimizer.param_groups[0]["initial_lr"] == 1e-6
         assert "[grpo] optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)" in \
             out.getvalue()
+        n = sum(p.numel() for p in trainer.policy.parameters())  # a tiny model: the benchmark's hint follows
+        assert f"[grpo] this model has {n / 1e6:.1f}M parameters: the optim.lr default is set for 0.5B-7B" in \
+            out.getvalue()
         trainer.train()
     finally:
         trainer.close()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["optim"]["lr"] == 1e-6 and saved["eval"]["batch_size"] == 64
+
+
+def test_the_small_model_hint_only_where_the_table_set_a_full_fine_tuning_lr():
+    from grpo.train.defaults import small_model_note
+
+    lr_note = ["optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)"]
+    assert small_model_note(lr_note, 3_436_544, lora=False).startswith("this model has 3.4M parameters")
+    assert small_model_note(lr_note, 494_000_000, lora=False) is None  # Qwen2.5-0.5B: the default is meant for it
+    assert small_model_note(lr_note, 3_436_544, lora=True) is None  # LoRA has its own default
+    assert small_model_note(["eval.batch_size=64 (default ...)"], 3_436_544, lora=False) is None  # the user's lr

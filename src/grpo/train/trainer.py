@@ -30,7 +30,7 @@ from grpo.rewards.runner import RewardResult, reward_mean_std
 from grpo.rewards.specs import reward_specs
 from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
-from grpo.train.defaults import report_defaults
+from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.rollout.episodes import run_episodes
@@ -72,7 +72,8 @@ class Trainer:
         from grpo.rewards import RewardRunner
 
         t_setup = time.perf_counter()
-        self.cfg = cfg = report_defaults(cfg, console)  # a model directory gets its own defaults (train/defaults.py)
+        self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
+        cfg = self.cfg
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
         set_seed(cfg.train.seed)
@@ -95,6 +96,9 @@ class Trainer:
         if console is not None and self.dist.rank == 0:
             console.print(f"[grpo] model {cfg.model.name} ({self.model_source}: {path}) loaded in {self.model_s:.1f} s",
                           soft_wrap=True, markup=False, highlight=False)
+        hint = small_model_note(default_notes, sum(p.numel() for p in self.policy.parameters()), cfg.model.lora_rank > 0)
+        if hint is not None:
+            print_note(hint, console)
         self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
                                                               self.tokenizer, cfg)
         self.device = next(self.policy.parameters()).device
