@@ -92,6 +92,11 @@ def _eval(args) -> int:
         if not any(o.startswith("reward.functions=") for o in args.overrides):
             args.overrides.append("reward.functions=[exact_answer]")
     cfg = load_config(run_cfg if run_cfg.exists() else None, args.overrides)
+    if not run_cfg.exists():  # a bare model directory: a user model's defaults (eval.batch_size), as in training
+        from grpo.train.defaults import model_defaults
+
+        cfg.model.name = str(path)
+        cfg, _ = model_defaults(cfg)
     model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
     tokenizer = load_tokenizer(path)
     if args.task is not None:  # a built-in task instead of the run's own (its data set file, if it had one)

@@ -118,3 +118,22 @@ def test_the_small_model_hint_only_where_the_table_set_a_full_fine_tuning_lr():
     assert small_model_note(lr_note, 494_000_000, lora=False) is None  # Qwen2.5-0.5B: the default is meant for it
     assert small_model_note(lr_note, 3_436_544, lora=True) is None  # LoRA has its own default
     assert small_model_note(["eval.batch_size=64 (default ...)"], 3_436_544, lora=False) is None  # the user's lr
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_grpo_eval_of_a_bare_model_directory_gets_the_user_model_eval_batch(tmp_path, monkeypatch, own):
+    """`grpo eval DIR` without a run's config.yaml: the directory is a user model, so eval.batch_size is 64 unless
+    given (the built-in 250 can need more memory than a training step on a real model)."""
+    import grpo.train.evaluate as evaluate
+    from grpo.cli import main
+
+    seen = {}
+
+    def fake(model, tokenizer, task, prompts, **kw):
+        seen.update(kw)
+        return {"accuracy": 0.0, "n": len(prompts)}, []
+
+    monkeypatch.setattr(evaluate, "evaluate_problems", fake)
+    model = save_tiny_model(tmp_path / "model")
+    assert main(["eval", str(model), *(["eval.batch_size=7"] if own else []), "--n", "2", "--json"]) == 0
+    assert seen["batch_size"] == (7 if own else 64)
