@@ -36,7 +36,8 @@ log = logging.getLogger("grpo.train")
 __all__ = ["USER_MODEL_DEFAULTS", "model_defaults", "report_defaults", "small_model_note"]
 
 # bench/learning (400 steps, 3-5 seeds, a 3.4M-parameter Llama): 1e-5 learned 3.9x as much per completion as the
-# 1e-6 default (largest drop between evaluations 0.020 against 0.008). One size was measured, so the note is for models of that order only.
+# 1e-6 default (largest drop between evaluations 0.020 against 0.008). One size was measured, so the note is for
+# models of that order only.
 SMALL_MODEL_PARAMS = 50_000_000
 
 
