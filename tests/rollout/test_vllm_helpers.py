@@ -3,6 +3,8 @@ the engine awake (no CUDA sleep) across the turns of multi-turn episodes."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from rollout_helpers import make_prompts, tiny_model
 
@@ -64,17 +66,13 @@ class _HeldSampler(Sampler):
         super().__init__(*a, **k)
         self.held, self.seen = 0, []
 
+    @contextlib.contextmanager
     def awake(self):
-        import contextlib
-
-        @contextlib.contextmanager
-        def hold():
-            self.held += 1
-            try:
-                yield
-            finally:
-                self.held -= 1
-        return hold()
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
 
     def generate(self, *a, **k):
         self.seen.append(("generate", self.held))

@@ -140,20 +140,20 @@ def run_episodes(sampler, prompts: list[Prompt], n: int, env_factory=None, *, ma
     with (awake() if callable(awake) else nullcontext()), pool as pool:
         first = sampler.generate(prompts, n, generator=generator, temperature=temperature)
         episodes = [_Episode(p, env_factory(p)) for p in prompts for _ in range(n)]
-        lengths = first.completion_mask.sum(-1).tolist()
-        turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
-        turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
-        # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
-        prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
-        return _continue(sampler, episodes, first, turn_ids, turn_logp, prompt_ids, n, max_turns, budget, generator,
-                         temperature, pool)
+        return _later_turns(sampler, first, episodes, n, max_turns, budget, generator, temperature, pool)
 
 
-def _continue(sampler, episodes, first, turn_ids, turn_logp, prompt_ids, n, max_turns, budget, generator,
-              temperature, pool) -> Rollouts:
-    """Turns 2, 3, ...: step the environments, sample the next policy turn of the episodes still live."""
+def _later_turns(sampler, first: Rollouts, episodes: list[_Episode], n: int, max_turns: int, budget: int, generator,
+                 temperature, pool) -> Rollouts:
+    """From turn 1's Rollouts on: step the environments, sample the next policy turn of the episodes still live,
+    until none is; then the episodes as Rollouts."""
     tok = sampler.tokenizer
     device = first.completion_ids.device
+    lengths = first.completion_mask.sum(-1).tolist()
+    turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
+    turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
+    # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
+    prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
     while True:
         live = _take_turns(episodes, turn_ids, turn_logp, tok, tok.eos_token_id, max_turns, budget, pool)
         if not live:
@@ -193,13 +193,9 @@ def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget:
             ep.finish("max_turns", truncated=True)
             continue
         stepping.append((r, ep, text))
-    eps, texts = [ep for _, ep, _ in stepping], [text for *_, text in stepping]
-    replies = list(pool.map(_step, eps, texts) if pool is not None and len(eps) > 1 else map(_step, eps, texts))
-    live = []
-    for (r, ep, _), reply in zip(stepping, replies):
-        if _apply_reply(ep, reply, tok, max_turns, budget):
-            live.append(r)
-    return live
+    rows, eps, texts = zip(*stepping) if stepping else ((), (), ())
+    replies = pool.map(_step, eps, texts) if pool is not None and len(eps) > 1 else map(_step, eps, texts)
+    return [r for r, ep, reply in zip(rows, eps, replies) if _apply_reply(ep, reply, tok, max_turns, budget)]
 
 
 def _apply_reply(ep: _Episode, reply: EnvReply, tok, max_turns: int, budget: int) -> bool:
