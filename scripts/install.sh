@@ -28,7 +28,7 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 if [ -n "$extras" ]; then pip_install -e ".[$extras]"; else pip_install -e .; fi
-# The code-reward sandbox (grpo.rewards.sandbox, the `code` preset) isolates programs with Debian's bubblewrap
+# The code-reward sandbox (grpo.sandbox, the `code` preset) isolates programs with Debian's bubblewrap
 # and refuses without it; install it where we can (root with apt-get). The unsafe fallback runs only when named
 # (reward.sandbox=unsafe_local, docs/rewards.md).
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

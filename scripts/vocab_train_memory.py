@@ -25,7 +25,7 @@ def main() -> int:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
 
-    from grpo import bench_vocab
+    from grpo.bench import vocab as bench_vocab
     from grpo.bench import peak_rss_mb, reset_peak_rss
     from grpo.cli import main as grpo_main
     from grpo.models import forward

@@ -23,7 +23,7 @@ SRC = str(Path(grpo.__file__).resolve().parents[1])
 def test_engine_axis_quick(tmp_path):
     out = tmp_path / "engines.json"
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "grpo.bench_engines", "--quick", "--output", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "grpo.bench.engines", "--quick", "--output", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())

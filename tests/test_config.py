@@ -143,7 +143,7 @@ def test_an_unknown_key_in_a_yaml_file_gets_the_hint_too(tmp_path):
 
 def test_every_alias_points_at_a_real_key():
     from grpo.config import describe_keys
-    from grpo.config_hints import ALIASES
+    from grpo.config.hints import ALIASES
 
     keys = {k for k, *_ in describe_keys()}
     assert {ours for ours, _, _ in ALIASES.values()} <= keys

@@ -1,11 +1,12 @@
 """The package's layers point one way (docs/ARCHITECTURE.md):
 
-    algo, types, errors  <-  tokens  <-  config  <-  models, rewards, tracking  <-  envs  <-  data, rollout, parallel  <-  train
-        <-  compare_worker  <-  bench_vocab, bench_engines, bench_workload, bench_report, compare  <-  bench  <-  cli
+    algo, types, errors  <-  tokens  <-  config  <-  sandbox  <-  models, rewards, tracking  <-  envs
+        <-  data, rollout, parallel  <-  warmup  <-  train  <-  compare, bench  <-  cli
 
 Every import between grpo's subpackages, at module level or inside a function, must go to a lower layer. Inside a
 function is no exemption: an import moved into a function to hide a cycle is still a cycle. Two edges between
-neighbours are also forbidden: data/ never loads a model, and only parallel/ calls torch.distributed.
+neighbours are also forbidden: data/ never loads a model, and only parallel/ calls torch.distributed. Inside one
+folder the modules import each other without a circle, and no source file is over MAX_LINES lines.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import grpo
 
 SRC = Path(grpo.__file__).resolve().parent
 LAYERS = {
-    "algo": 0, "types": 0, "tokens": 0.5,
-    "config": 1, "config_hints": 0, "errors": 0,
+    "algo": 0, "types": 0, "errors": 0, "tokens": 0.5,
+    "config": 1,
+    "sandbox": 1.5,
     "models": 2, "rewards": 2, "tracking": 2,
-    "data": 3, "rollout": 3, "parallel": 3, "envs": 2.5,
+    "envs": 2.5,
+    "data": 3, "rollout": 3, "parallel": 3,
+    "warmup": 3.5,
     "train": 4,
-    "bench_vocab": 5, "bench_engines": 5, "bench_workload": 5, "bench_report": 5, "compare": 5, "compare_worker": 4.5, "bench": 5.5,
+    "compare": 5, "bench": 5,
     "cli": 6, "__init__": 6, "__main__": 6,
 }
 FORBIDDEN = {("data", "models")}
+MAX_LINES = 450
 
 
 def _unit(module: str) -> str:
@@ -47,11 +52,59 @@ def _imports(path: Path, package: str | None = None):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 yield node.lineno, ".".join(base + ([node.module] if node.module else []))
-            elif node.module == "grpo":  # `from grpo import bench_vocab` imports the module grpo.bench_vocab
+            elif node.module:  # `from grpo.bench import vocab` imports the module grpo.bench.vocab
                 for alias in node.names:
-                    yield node.lineno, f"grpo.{alias.name}"
-            elif node.module:
-                yield node.lineno, node.module
+                    yield node.lineno, _submodule(node.module, alias.name) or node.module
+
+
+def _submodule(package: str, name: str) -> str | None:
+    """'grpo.bench.vocab' when `from grpo.bench import vocab` names a module of grpo's source, else None."""
+    if not package.startswith("grpo"):
+        return None
+    base = SRC.parent.joinpath(*package.split("."), name)
+    return f"{package}.{name}" if base.with_suffix(".py").exists() or (base / "__init__.py").exists() else None
+
+
+def _module(path: Path) -> str:
+    """src/grpo/data/base.py -> 'grpo.data.base'; src/grpo/data/__init__.py -> 'grpo.data'."""
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _folder_graph(folder: Path) -> dict[str, set[str]]:
+    """module -> the modules of the same folder it imports (the folder's __init__ included), at any depth of code.
+    An import of a name inside a module (`from grpo.data.base import Task`) is an import of that module."""
+    mods = {_module(p): p for p in folder.glob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        for _, target in _imports(p):
+            hit = max((n for n in mods if target == n or target.startswith(n + ".")), key=len, default=None)
+            if hit is not None and hit != m:
+                graph[m].add(hit)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of `graph` as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
 
 
 def _edges():
@@ -83,9 +136,37 @@ def test_only_parallel_calls_torch_distributed():
 
 
 def test_the_checker_sees_hidden_and_relative_imports(tmp_path):
-    """The checker itself: an import inside a function, a relative import and `from grpo import module` are found."""
+    """The checker itself: an import inside a function, a relative import and `from grpo.pkg import module` are found."""
     f = tmp_path / "m.py"
     f.write_text("def g():\n    from grpo.train import loop\n    from ..models import forward\n"
-                 "from grpo import bench_vocab\n")
+                 "from grpo.bench import vocab as bench_vocab\n")
     found = set(_imports(f, package="grpo.data"))
-    assert {(2, "grpo.train"), (3, "grpo.models"), (4, "grpo.bench_vocab")} <= found
+    assert {(2, "grpo.train.loop"), (3, "grpo.models"), (4, "grpo.bench.vocab")} <= found
+
+
+def test_no_circle_inside_a_folder():
+    folders = sorted({p.parent for p in SRC.rglob("*.py")})
+    circles = [" -> ".join(c) for f in folders if (c := _cycle(_folder_graph(f)))]
+    assert not circles, "imports in a circle inside one folder:\n  " + "\n  ".join(circles)
+
+
+def test_the_circle_checker_finds_a_circle(tmp_path):
+    """The checker itself, on a folder whose modules import each other through a function-level import."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    pkg = tmp_path / "grpo" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "one.py").write_text("from grpo.pkg.two import f\n")
+    (pkg / "two.py").write_text("def f():\n    from grpo.pkg import one\n")
+    (pkg / "__init__.py").write_text("")
+    graph = {m: set() for m in ("grpo.pkg.one", "grpo.pkg.two")}
+    for p in pkg.glob("[ot]*.py"):
+        for _, target in _imports(p, package="grpo.pkg"):
+            graph[f"grpo.pkg.{p.stem}"].add(target if target != "grpo.pkg" else "grpo.pkg.one")
+    assert _cycle(graph)
+
+
+def test_no_source_file_is_over_max_lines():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these along their seams (over {MAX_LINES} lines): {long}"

@@ -112,7 +112,7 @@ def check_best(run_dir: Path, test_file: Path, args) -> dict | None:
 def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0, *, lr: float = 1e-3,
                      batch_size: int = 32, until: float = 1.0, check_every: int = 50,
                      worked_frac: float = 0.8) -> Path:
-    """Warm a fresh model on the arithmetic task's train split (grpo.train.warmup) and save it; kept if present.
+    """Warm a fresh model on the arithmetic task's train split (grpo.warmup) and save it; kept if present.
     The warm-up stops early, after a multiple of `check_every` steps, once the greedy accuracy on 200 held-out
     problems reaches `until` (a checkpoint with room to improve, as a user's starting point is). `worked_frac`: the
     share of demonstrations in the worked style ("47 + 38 = 70 + 15 = 85"), the rest direct ("Let me think... 85");
@@ -121,7 +121,7 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
 
     from grpo.data.arithmetic import ArithmeticTask
     from grpo.models.builtin import build_model
-    from grpo.train.warmup import warm_up
+    from grpo.warmup import warm_up
 
     if (out / "config.json").exists():
         return out

@@ -74,7 +74,7 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from grpo.config import ConfigError, load_config
-    from grpo.data.base import task_from_config
+    from grpo.data import task_from_config
     from grpo.models.loading import load_tokenizer, resolve_device
     from grpo.train.episodes import env_limits
     from grpo.train.evaluate import evaluate_problems
@@ -122,9 +122,32 @@ def _eval(args) -> int:
 
 
 def _warmup(args) -> int:
-    from grpo.train.warm_recipe import main as warmup_main
+    """`grpo warmup`: build the built-in model (grpo.warmup), measure it on held-out problems, write its recipe."""
+    from rich.console import Console
 
-    return warmup_main(args)
+    from grpo.config import load_config
+    from grpo.models.builtin import sha256_file, shipped_model_dir
+    from grpo.train.evaluate import heldout_accuracy
+    from grpo.warmup.recipe import build_with_recipe
+
+    preset = args.preset or (args.task if args.task in ("code", "tools") else "grpo")
+    overrides = list(args.overrides) + ([f"data.task={args.task}"] if args.task else [])
+    cfg = load_config(preset, overrides)
+    console = Console(highlight=False, markup=False)
+    out = Path(args.output or f"warm-{cfg.data.task}")
+    recipe = build_with_recipe(cfg, out, console=console, heldout=None if args.no_eval else heldout_accuracy)
+    console.print(f"[grpo] wrote {out} (sha256 {recipe['sha256'][:16]}..., warm-up "
+                  f"{recipe['built_on']['warmup_s']:.0f} s on {recipe['built_on']['cpu']})", soft_wrap=True)
+    if "heldout" in recipe:
+        h = recipe["heldout"]
+        console.print(f"[grpo] held-out accuracy {h['accuracy']:.3f} on {h['n']} problems ({h['metric']})")
+    shipped = shipped_model_dir(recipe["spec"])
+    if shipped is not None and shipped.resolve() != out.resolve():
+        same = (shipped / "model.safetensors").exists() and sha256_file(shipped / "model.safetensors") == recipe["sha256"]
+        console.print(f"[grpo] the shipped model of these settings ({shipped}) is "
+                      + ("bitwise the same" if same else "different: the warm-up's float kernels differ across CPUs; "
+                         "`grpo train` uses the shipped one"), soft_wrap=True)
+    return 0
 
 
 def _compare(args) -> int:

@@ -38,7 +38,7 @@ def test_prompt_values_and_tests_match_the_hidden_function():
 
 def test_every_test_is_judged_outside_the_sandbox():
     """The task's assertions parse as call checks: only `f(x)` enters the sandbox, never the expected value."""
-    from grpo.rewards.code_checks import evaluate_check, parse_tests
+    from grpo.sandbox.checks import evaluate_check, parse_tests
 
     for p in get_task("code").split("train", 300) + get_task("code").split("test", 50):
         plan = parse_tests(p.meta["tests"])

@@ -4,7 +4,6 @@ that name the column/row and the file, the held-out split, and the reward-functi
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from helpers.tiny_hf import chat_tokenizer, write_chat_jsonl
 
 from grpo.config import load_config
 from grpo.models.builtin import build_tokenizer
-from grpo.data.base import task_from_config
+from grpo.data import task_from_config
 from grpo.data.files import DataFileError, FileTask, hash_fraction
 
 

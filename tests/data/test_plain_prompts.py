@@ -5,7 +5,6 @@ model's tokenizer only; a user's model keeps TRL's convention (plain text as is)
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from helpers.tiny_hf import chat_tokenizer
 
 from grpo.config import load_config
 from grpo.data import get_task
-from grpo.data.base import task_from_config
+from grpo.data import task_from_config
 from grpo.data.files import PLAIN_PROMPTS_KEY, DataFileError, FileTask, plain_prompts_use_template
 from grpo.models import builtin
 

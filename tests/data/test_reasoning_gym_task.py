@@ -13,7 +13,7 @@ pytest.importorskip("reasoning_gym")
 from helpers.tiny_hf import chat_tokenizer  # noqa: E402
 
 from grpo.config import load_config  # noqa: E402
-from grpo.data.base import task_from_config  # noqa: E402
+from grpo.data import task_from_config  # noqa: E402
 from grpo.data.reasoning_gym import ReasoningGymTask  # noqa: E402
 from grpo.errors import ConfigError  # noqa: E402
 

@@ -170,7 +170,7 @@ def test_python_tool_runs_in_the_sandbox_or_refuses_like_it():
     import pytest
 
     from grpo.envs.tools import python_tool
-    from grpo.rewards.sandbox import SandboxUnavailable
+    from grpo.sandbox import SandboxUnavailable
 
     try:
         python = python_tool(timeout_s=5)

@@ -293,7 +293,7 @@ def test_splits_never_overlap_and_prompts_use_the_chat_template():
 
 def test_data_task_names_an_installed_environment_module(tmp_path, monkeypatch):
     from grpo.config import load_config
-    from grpo.data.base import task_from_config
+    from grpo.data import task_from_config
     from grpo.errors import ConfigError
 
     (tmp_path / "grpo_test_sums_env.py").write_text(

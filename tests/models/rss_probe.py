@@ -32,7 +32,7 @@ def main(model_dir: str, data: str, run_dir: str, mode: str) -> dict:
     extra = {"lora": ["model.lora_rank=8", "kl.coef=0.04"], "lora_copy": ["model.lora_rank=8", "kl.coef=0.04"],
              "full": ["kl.coef=0.04"], "lora_noref": ["model.lora_rank=8", "kl.coef=0"]}[mode]
     if mode == "lora_copy":
-        from grpo.models.loading import frozen_copy
+        from grpo.models.lora import frozen_copy
 
         lora.reference_policy = lambda policy, cfg: lora.FrozenReference(frozen_copy(lora.unwrap(policy)))
         import grpo.train.trainer as trainer_module

@@ -1,4 +1,4 @@
-"""The built-in model: built by a warm-up (grpo.train.warmup), cached by everything that determines it
+"""The built-in model: built by a warm-up (grpo.warmup), cached by everything that determines it
 (warmup.seed, not train.seed), reused, and rebuilt when its files are missing or corrupt; grpo.models only finds
 and loads directories."""
 
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import ConfigError, load_config
 from grpo.models.loading import model_directory
-from grpo.train.warmup import policy_directory
+from grpo.warmup import policy_directory
 
 FAST = ["warmup.steps=2", "warmup.batch_size=4", "data.train_size=50"]
 

@@ -16,7 +16,7 @@ import pytest
 from grpo.config import load_config
 from grpo.models import builtin
 from grpo.models.loading import builtin_spec, model_directory
-from grpo.train.warmup import policy_directory
+from grpo.warmup import policy_directory
 
 PRESETS = {"arithmetic": "grpo", "code": "code", "tools": "tools"}
 SHIPPED = ["arithmetic"] + [t for t in ("code", "tools") if (builtin.SHIPPED_DIR / t / "recipe.json").exists()]
@@ -64,7 +64,7 @@ def test_damaged_shipped_weights_are_not_used(tmp_path, monkeypatch, caplog):
 @pytest.mark.slow
 @pytest.mark.parametrize("task", SHIPPED)
 def test_the_shipped_model_scores_its_recorded_accuracy(task):
-    from grpo.train.warm_recipe import heldout_accuracy
+    from grpo.train.evaluate import heldout_accuracy
 
     held = recipe(task)["heldout"]
     cfg = load_config(PRESETS[task])

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from grpo.rewards import RewardRunner
-from grpo.rewards._wire import ENCODER_SRC, WireError, decode
-from grpo.rewards.code_checks import evaluate_check, io_equal, parse_tests, values_equal
+from grpo.sandbox.wire import ENCODER_SRC, WireError, decode
+from grpo.sandbox.checks import evaluate_check, io_equal, parse_tests, values_equal
 from grpo.rewards.code_exec import code_tests
 
 
@@ -188,11 +188,11 @@ def test_parse_errors_name_the_row():
 
 def test_no_expected_value_reaches_the_program(monkeypatch, no_leak):
     """What the sandbox receives for a call check holds the calls and nothing of the expected side."""
-    from grpo.rewards import code_exec
+    from grpo.sandbox import verdict
 
     seen = []
-    real = code_exec.run_python
-    monkeypatch.setattr(code_exec, "run_python", lambda code, **k: seen.append(code) or real(code, **k))
+    real = verdict.run_python
+    monkeypatch.setattr(verdict, "run_python", lambda code, **k: seen.append(code) or real(code, **k))
     code_tests(None, [fenced("def add(a, b):\n    return a + b")], [["assert add(1, 2) == 98765"]])
     assert seen and "98765" not in seen[0] and "add(1, 2)" in seen[0]
     assert isinstance(ast.parse(seen[0]), ast.Module)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpo.rewards import code_exec
+from grpo.sandbox import verdict
 from grpo.rewards.code_exec import code_tests
-from grpo.rewards.sandbox import run_python
+from grpo.sandbox import run_python
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4", "assert add(10, -3) == 7"]
 HONEST = "def add(a, b):\n    return a + b\n"
@@ -214,7 +214,7 @@ sys.stderr.write("\\n".join(found))
 
 def test_the_key_cannot_be_read_by_the_program(monkeypatch, no_leak):
     key = bytes(range(100, 132))
-    monkeypatch.setattr(code_exec.secrets, "token_bytes", lambda n: key[:n])
+    monkeypatch.setattr(verdict.secrets, "token_bytes", lambda n: key[:n])
     seen = []
 
     def spy(*a, **k):
@@ -222,7 +222,7 @@ def test_the_key_cannot_be_read_by_the_program(monkeypatch, no_leak):
         seen.append(res)
         return res
 
-    monkeypatch.setattr(code_exec, "run_python", spy)
+    monkeypatch.setattr(verdict, "run_python", spy)
     assert score([STEAL_KEY], partial=True) == [0.0]
     err = seen[0].stderr
     assert key.hex() not in err and "OPENED" not in err and "PTRACED" not in err, err[-2000:]

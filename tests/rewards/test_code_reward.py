@@ -6,10 +6,12 @@ import time
 
 import pytest
 
-from grpo.rewards import RewardRunner, code_exec, get_reward_function, sandbox
-from grpo.rewards._harness import read_frame
+from grpo import sandbox
+from grpo.rewards import RewardRunner, get_reward_function
+from grpo.sandbox import verdict
+from grpo.sandbox.harness import read_frame
 from grpo.rewards.code_exec import code_tests, extract_code
-from grpo.rewards.sandbox import SandboxResult
+from grpo.sandbox import SandboxResult
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
 
@@ -80,7 +82,7 @@ def test_timeouts_and_limits_score_zero(no_leak):
 
 
 def test_sandbox_error_is_no_signal(monkeypatch):
-    monkeypatch.setattr(code_exec, "run_python", lambda *a, **k: SandboxResult("sandbox_error", "", "no bwrap", 0.0))
+    monkeypatch.setattr(verdict, "run_python", lambda *a, **k: SandboxResult("sandbox_error", "", "no bwrap", 0.0))
     assert run([GOOD]) == [None]
 
 

@@ -1,7 +1,7 @@
 """The sandbox against adversarial programs, under bwrap and under the fallbacks.
 
 Each adversarial program must end within timeout + 2 s with a non-passing status and leave no process behind.
-Cases a fallback does not cover (see sandbox.py's docstring) are expected failures there, not silent passes.
+Cases a fallback does not cover (see grpo/sandbox/run.py's docstring) are expected failures there, not silent passes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo.rewards import sandbox
-from grpo.rewards.sandbox import run_python
+from grpo import sandbox
+from grpo.sandbox.process import OUTPUT_CAP
+from grpo.sandbox import run_python
 
 TIMEOUT = 2.0
 AVAILABLE = sandbox.available_backends()
@@ -23,7 +24,7 @@ BACKENDS = [
     pytest.param(b, marks=pytest.mark.skipif(b not in AVAILABLE, reason=f"sandbox backend {b!r} does not work here"))
     for b in sandbox.BACKENDS
 ]
-# (case, backend) pairs the backend does not cover (documented in sandbox.py).
+# (case, backend) pairs the backend does not cover (documented in grpo/sandbox/run.py).
 NOT_COVERED = {
     ("read_planted", "unshare"): "no filesystem isolation: the host's files are visible",
     ("read_planted", "rlimit"): "no filesystem isolation: the host's files are visible",
@@ -114,7 +115,7 @@ def _adversarial(case: str, tmp_path, marker: str):
         return code, lambda r: r.status != "passed" and secret not in r.stdout
     if case == "print_1gb":
         code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n"
-        return code, lambda r: r.status == "error" and len(r.stdout) <= sandbox.OUTPUT_CAP
+        return code, lambda r: r.status == "error" and len(r.stdout) <= OUTPUT_CAP
     if case == "setsid_daemon":
         code = (
             "import os, sys, time\n"

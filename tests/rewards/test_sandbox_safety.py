@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from grpo.rewards import RewardRunner, _sandbox_cmd, _seccomp, code_exec, sandbox
+from grpo.sandbox import cleanup, run as sandbox
+from grpo.rewards import RewardRunner, code_exec
+from grpo.sandbox import command as _sandbox_cmd, seccomp as _seccomp
 from grpo.rewards.code_exec import code_tests, prepare_code_rewards
-from grpo.rewards.sandbox import SandboxUnavailable, run_python
+from grpo.sandbox import SandboxUnavailable, run_python
 from grpo.types import Prompt
 
 HAVE_BWRAP = "bwrap" in sandbox.available_backends()
@@ -179,15 +181,15 @@ def test_remove_tree_is_iterative_and_bounded(tmp_path):
     deep.mkdir()
     _deep_tree(str(deep), 3000)  # paths far beyond PATH_MAX: only fd-relative calls can reach the bottom
     t0 = time.monotonic()
-    assert sandbox.remove_tree(str(deep), time.monotonic() + 0.2, log=False) in (True, False)  # no RecursionError
+    assert cleanup.remove_tree(str(deep), time.monotonic() + 0.2, log=False) in (True, False)  # no RecursionError
     assert time.monotonic() - t0 < 1.5
     shallow = tmp_path / "shallow"
     (shallow / "a" / "b").mkdir(parents=True)
     (shallow / "a" / "b" / "f").write_text("x")
     os.symlink("/etc/hostname", shallow / "a" / "link")
-    assert sandbox.remove_tree(str(shallow), time.monotonic() + 30) and not shallow.exists()
+    assert cleanup.remove_tree(str(shallow), time.monotonic() + 30) and not shallow.exists()
     assert os.path.exists("/etc/hostname")
-    assert sandbox.remove_tree(str(deep), time.monotonic() + 120) and not deep.exists()
+    assert cleanup.remove_tree(str(deep), time.monotonic() + 120) and not deep.exists()
 
 
 @pytest.mark.skipif(FALLBACK is None, reason="no fallback backend works here")

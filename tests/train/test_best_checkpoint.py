@@ -1,4 +1,4 @@
-"""checkpoints/best/ (grpo.train.best): the model of the best held-out evaluation is kept, survives the rotation of
+"""checkpoints/best/ (grpo.train.checkpoint.best): the model of the best held-out evaluation is kept, survives the rotation of
 `step-N` checkpoints, loads with from_pretrained, and summary.json names its step and accuracy beside the final ones;
 the best so far comes back on resume. The evaluation is scripted here (a known accuracy per step), and the weights
 saved are compared with the policy's own weights at that step."""
@@ -11,7 +11,7 @@ import torch
 
 import grpo.train.loop as loop
 from grpo.tracking.metrics import read_jsonl
-from grpo.train.best import read_best
+from grpo.train.checkpoint.best import read_best
 
 
 def scripted(monkeypatch, accuracies: dict[int, float], weights: dict[int, dict]):

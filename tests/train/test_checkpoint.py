@@ -22,7 +22,7 @@ from helpers.tiny_models import tiny_model
 from transformers import LlamaForCausalLM
 
 import grpo
-from grpo.train import checkpoint as ckpt
+from grpo.train.checkpoint import save as ckpt
 from grpo.train.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_checkpoint,
                                    restore_rng_state, save_checkpoint)
 
@@ -180,7 +180,7 @@ def test_load_model_into_is_strict(tmp_path):
 # ------------------------------------------------------------------------------------------- kill -9
 KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys, torch
-    from grpo.train import checkpoint as ckpt
+    from grpo.train.checkpoint import save as ckpt
 
     run_dir, stage, kind = sys.argv[1:4]
     def die_at(s):

@@ -22,7 +22,7 @@ from wiring_helpers import FixedSampler
 
 from grpo.cli import main
 from grpo.config import load_config
-from grpo.data.base import get_task, task_from_config
+from grpo.data import get_task, task_from_config
 from grpo.models.builtin import build_model, build_tokenizer
 from grpo.train.evaluate import evaluate_model
 
@@ -87,8 +87,8 @@ CASES = [("all right", 5, set(range(5))), ("all wrong", 5, set()), ("2 of 5", 5,
 
 @pytest.fixture
 def sandbox_spy(monkeypatch):
-    """Counts the programs run in the sandbox: wraps grpo.rewards.sandbox.run_python wherever it was imported."""
-    import grpo.rewards.sandbox as sandbox
+    """Counts the programs run in the sandbox: wraps grpo.sandbox.run_python wherever it was imported."""
+    import grpo.sandbox as sandbox
 
     real, calls = sandbox.run_python, []
 

@@ -16,7 +16,7 @@ import torch
 from train_helpers import varied_reward
 
 from grpo.tracking.metrics import read_jsonl
-from grpo.train import checkpoint as ckpt
+from grpo.train.checkpoint import save as ckpt
 from grpo.train import update
 from grpo.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from grpo.errors import Preempted

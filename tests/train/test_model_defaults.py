@@ -4,8 +4,6 @@ the user set them; the built-in model keeps every value; the resolved values are
 from __future__ import annotations
 
 import io
-import sys
-from pathlib import Path
 
 import pytest
 import yaml

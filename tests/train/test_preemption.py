@@ -19,7 +19,7 @@ import pytest
 
 import grpo
 from grpo.train.checkpoint import latest_checkpoint, load_checkpoint
-from grpo.train.preemption import PreemptionGuard
+from grpo.train.checkpoint.preemption import PreemptionGuard
 
 SRC = str(Path(grpo.__file__).resolve().parents[1])
 
@@ -92,7 +92,7 @@ def test_noop_outside_main_thread():
 LOOP_SCRIPT = textwrap.dedent("""
     import signal, sys, time, torch
     from grpo.train.checkpoint import save_checkpoint
-    from grpo.train.preemption import PreemptionGuard
+    from grpo.train.checkpoint.preemption import PreemptionGuard
 
     run_dir = sys.argv[1]
     model = torch.nn.Linear(4, 1)

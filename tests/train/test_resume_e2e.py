@@ -119,7 +119,7 @@ def test_kill_9_during_checkpoint_write_then_resume(stage, resumes_from, straigh
     where the straight run ends."""
     run_dir = tmp_path / "run"
     res = run_script(f"""
-import grpo.train.checkpoint as ckpt
+import grpo.train.checkpoint.save as ckpt
 seen = {{}}
 def crash(stage):
     seen[stage] = seen.get(stage, 0) + 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from grpo.algo._checks import as_bool_mask, check_number, check_same_shape, check_tensor

@@ -6,7 +6,7 @@
 The hidden function is linear, f(x) = a*x + b. The completion's last ```python block is checked by the
 `code_tests` reward against four assertions `assert f(x) == y`: the two values in the prompt and two the prompt
 does not show (f(0) and f(9)), so a program that hard-codes the examples fails. The assertions are in the form
-code_tests judges outside the sandbox (grpo.rewards.code_checks): the sandbox evaluates only the calls `f(x)` and
+code_tests judges outside the sandbox (grpo.sandbox.checks): the sandbox evaluates only the calls `f(x)` and
 returns plain values; the expected `y` never enters it, and `==` runs in the trainer's process on those values.
 No program code runs in the trainer's process: the program is untrusted model output.
 

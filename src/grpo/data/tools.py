@@ -8,7 +8,7 @@ or, answering directly (the arithmetic task's direct style):
     Let me think... 19432<eos>
 
 The built-in model cannot multiply such numbers in its head (its direct answers are almost never right), so the
-reward says that calling pays. Its warm-up (grpo.train.warmup) mixes the two styles: with probability `call_frac`
+reward says that calling pays. Its warm-up (grpo.warmup) mixes the two styles: with probability `call_frac`
 (0.3) a demonstration calls the calculator and copies the result; otherwise it answers directly with the right
 product. Both styles start with a fixed text ("<call>", "Let me think"), so the warm model calls in about a third
 of its samples and answers directly when greedy (the likelier first token); GRPO
@@ -36,7 +36,7 @@ def _bucket(a: int, b: int) -> int:
 class ToolsTask:
     name = "tools"
     # the warm-up starts from the shipped arithmetic model (it already reads "What is a × b?" and copies operands),
-    # not from random weights: a shorter warm-up (grpo.train.warmup.build_warm_model)
+    # not from random weights: a shorter warm-up (grpo.warmup.build_warm_model)
     warm_start = "arithmetic"
 
     def __init__(self, difficulty: str = "default", seed: int = 1234, call_frac: float = 0.3):

@@ -241,10 +241,10 @@ class ToolEnvironment:
 
 
 def python_tool(timeout_s: float = 10.0, memory_mb: int = 512) -> Callable:
-    """The built-in `python` tool: runs a program in grpo.rewards.sandbox (bubblewrap; the fallbacks only with
+    """The built-in `python` tool: runs a program in grpo.sandbox (bubblewrap; the fallbacks only with
     reward.sandbox=unsafe_local) and returns its output. Refuses at creation, with the sandbox's own
     SandboxUnavailable message, where no sandbox may run."""
-    from grpo.rewards.sandbox import resolve_backend, run_python
+    from grpo.sandbox import resolve_backend, run_python
 
     resolve_backend()  # SandboxUnavailable here, before any episode, like the code rewards
 

@@ -2,7 +2,7 @@
 
 It is a real Hugging Face model (saved with `save_pretrained`, loadable with `AutoModelForCausalLM`), so the
 trainer treats it exactly like a downloaded checkpoint. It is created with a fixed seed and warmed up by a short
-supervised run on the task's *training* split (never the held-out split; grpo.train.warmup).
+supervised run on the task's *training* split (never the held-out split; grpo.warmup).
 
 Where it comes from (`spec` = everything that determines it, see grpo.models.loading.builtin_spec):
   shipped   the warm models of the default settings are part of the package (`weights/<task>/`: safetensors,

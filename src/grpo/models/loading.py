@@ -1,10 +1,9 @@
 """Load the policy (and, when needed, a frozen reference) from a model directory: the built-in model's (shipped
 or cached) or a local Hugging Face directory. Devices and dtypes are resolved here and nowhere else. This module
-only loads directories; building the built-in model (a warm-up with an optimizer) is grpo.train.warmup's job."""
+only loads directories; building the built-in model (a warm-up with an optimizer) is grpo.warmup's job."""
 
 from __future__ import annotations
 
-import copy
 import logging
 from pathlib import Path
 from typing import Callable
@@ -12,6 +11,7 @@ from typing import Callable
 import torch
 
 from grpo.errors import ModelDirError
+from grpo.models.lora import apply_lora
 
 log = logging.getLogger("grpo.models")
 
@@ -46,7 +46,7 @@ def builtin_spec(cfg) -> dict:
 def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
     """The directory holding the policy's weights and tokenizer. For the built-in model: the shipped one when
     the package has this config's model, else the cached one, made by `build(tmp_dir)` when missing (the
-    warm-up of grpo.train.warmup; without `build` a missing model is a ConfigError)."""
+    warm-up of grpo.warmup; without `build` a missing model is a ConfigError)."""
     name = cfg.model.name
     if name == "builtin:tiny":
         from grpo.models.builtin import cached_model_dir, shipped_model_dir
@@ -104,15 +104,5 @@ def load_policy(cfg, path: Path):
         model.gradient_checkpointing_enable()
     model.config.use_cache = True
     if cfg.model.lora_rank > 0:
-        from grpo.models.lora import apply_lora
-
         model = apply_lora(model, cfg.model)
     return model, tokenizer
-
-
-def frozen_copy(model):
-    """A frozen copy (eval mode, no gradients) for the reference model pi_ref."""
-    ref = copy.deepcopy(model)
-    ref.eval()
-    ref.requires_grad_(False)
-    return ref

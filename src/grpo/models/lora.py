@@ -17,6 +17,7 @@ parameters it holds beyond the policy's (none for the adapter-disabled reference
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 
 log = logging.getLogger("grpo.models")
 
-__all__ = ["AdapterDisabledReference", "FrozenReference", "apply_lora", "is_peft", "merged_state_dict",
+__all__ = ["AdapterDisabledReference", "FrozenReference", "apply_lora", "frozen_copy", "is_peft", "merged_state_dict",
            "reference_policy", "save_final", "unwrap"]
 
 
@@ -101,8 +102,6 @@ def reference_policy(policy, cfg):
         return None  # beta = 0 loads no reference at all
     if is_peft(policy):
         return AdapterDisabledReference(unwrap(policy))
-    from grpo.models.loading import frozen_copy
-
     return FrozenReference(frozen_copy(unwrap(policy)))
 
 
@@ -138,3 +137,11 @@ def save_final(model, directory: str | Path, *, merged: bool = False, state_dict
         return
     kwargs = {"state_dict": state_dict} if state_dict is not None else {}
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
+
+
+def frozen_copy(model):
+    """A frozen copy (eval mode, no gradients) for the reference model pi_ref."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    ref.requires_grad_(False)
+    return ref

@@ -4,9 +4,9 @@
     code_tests(prompts, completions, tests=[[{"input": "1 2\\n", "output": "3\\n"}], ...])
     code_tests(prompts, completions, tests=[humaneval_test, ...], entry_point=["add", ...])
 
-A row's tests are split by grpo.rewards.code_checks.parse_tests:
+A row's tests are split by grpo.sandbox.checks.parse_tests:
   call checks   the sandbox evaluates only the call expressions (`add(1, 2)`) after the solution, in one run per
-                completion (_harness.py), and returns their values through a strict serializer (_wire.py) in a
+                completion (harness.py), and returns their values through a strict serializer (wire.py) in a
                 frame authenticated with a per-call key the program cannot read. The assertion (`== 3`, with
                 floats compared at `float_tol`) is evaluated here, in the trainer's process, on fresh plain values.
   I/O checks    one sandbox run per test: the program reads `input` on stdin; its stdout is compared here with
@@ -18,7 +18,7 @@ Reward: the fraction of the row's tests passed (partial=True), else 1.0 if all p
 above 1. A completion without a fenced code block, a timeout, a crash, a forged or missing frame: 0.0 (the
 program's fault). None (no signal) when the sandbox itself failed (status sandbox_error) or the row has no tests.
 Without bubblewrap the function refuses (SandboxUnavailable) unless an unsafe backend is named: `backend=` or
-reward.sandbox=unsafe_local (grpo.rewards.sandbox.set_sandbox_mode).
+reward.sandbox=unsafe_local (grpo.sandbox.set_sandbox_mode).
 The programs run concurrently (max_workers threads, each waiting on its own sandbox process); the function is marked
 in_process for RewardRunner because every program already has its own hard kill at `timeout`.
 """
@@ -29,15 +29,11 @@ import functools
 import logging
 import os
 import re
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from grpo.rewards._harness import SETUP_FAILED, build_harness, read_frame
-from grpo.rewards._wire import WireError, decode
 from grpo.rewards.base import RewardValues, completion_text, register_reward
-from grpo.rewards.code_checks import TestPlan, evaluate_check, io_equal, parse_tests
-from grpo.rewards.sandbox import resolve_backend, run_python
+from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, parse_tests, resolve_backend
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
@@ -59,51 +55,6 @@ def plan_row(tests: Any, entry_point: str | None = None, row: int | None = None)
     except ValueError as e:
         where = f"row {row}" if row is not None else "a row"
         raise ValueError(f"code_tests: {where}'s `tests`: {e}") from None
-
-
-def _budget(timeout: float) -> float:
-    """Seconds the harness waits for the program's results: room is left for the start and for the frame."""
-    return max(0.05, 0.75 * timeout - 0.1)
-
-
-def _calls_passed(code: str, plan: TestPlan, opts: dict) -> int | None:
-    """Tests passed among the row's call checks and unverifiable tests (one sandbox run); None: no signal."""
-    key = secrets.token_bytes(32)
-    holes = [h for c in plan.calls for h in c.holes]
-    program = build_harness(code, holes, plan.unverifiable, plan.prelude, _budget(opts["timeout"]))
-    res = run_python(program, timeout=opts["timeout"], memory_mb=opts["memory_mb"], backend=opts["backend"],
-                     site_packages=opts["site_packages"], secret=key)
-    if res.status == "sandbox_error":
-        return None
-    frame = read_frame(res.stdout, key, len(holes) + len(plan.unverifiable))
-    if frame is None:
-        if res.returncode == SETUP_FAILED and "grpo-harness: setup failed" in res.stderr:
-            raise RuntimeError(f"the code harness could not set itself up in the sandbox: {res.stderr[-500:]}")
-        return 0
-    values: dict[int, Any] = {}
-    for k, (ok, text) in frame.results.items():
-        if ok and k < len(holes):
-            try:
-                values[k] = decode(text)
-            except WireError:
-                pass  # not a plain value: the checks that need it fail
-    passed, offset = 0, 0
-    for check in plan.calls:
-        mine = {j: values[offset + j] for j in range(len(check.holes)) if offset + j in values}
-        passed += evaluate_check(check, mine, opts["float_tol"])
-        offset += len(check.holes)
-    for j in range(len(plan.unverifiable)):
-        passed += frame.results.get(len(holes) + j, (False, ""))[0]
-    return passed
-
-
-def _io_passed(code: str, test, opts: dict) -> int | None:
-    res = run_python(code, timeout=opts["timeout"], memory_mb=opts["memory_mb"], backend=opts["backend"],
-                     site_packages=opts["site_packages"], stdin=test.input)
-    if res.status == "sandbox_error":
-        return None
-    return int(res.status == "passed" and not res.stdout_truncated and io_equal(res.stdout, test.output,
-                                                                               opts["float_tol"]))
 
 
 def _entry_points(entry_point: Any, n: int) -> list[str | None]:
@@ -145,8 +96,8 @@ def code_tests(
         raise ValueError(f"code_tests: {len(tests)} rows of tests for {n} completions")
     resolve_backend(backend)  # refuses here, once, when no sandbox may run (SandboxUnavailable)
     eps = _entry_points(entry_point, n)
-    opts = {"timeout": timeout, "memory_mb": memory_mb, "site_packages": site_packages, "backend": backend,
-            "float_tol": float_tol}
+    opts = VerdictOptions(timeout=timeout, memory_mb=memory_mb, site_packages=site_packages, backend=backend,
+                          float_tol=float_tol)
     cache: dict[tuple[str, str | None], TestPlan] = {}
     plans = []
     for i, (t, ep) in enumerate(zip(tests, eps)):
@@ -162,8 +113,8 @@ def code_tests(
             row = []
             if code is not None and plan.n:
                 if plan.calls or plan.unverifiable:
-                    row.append(pool.submit(_calls_passed, code, plan, opts))
-                row += [pool.submit(_io_passed, code, t, opts) for t in plan.io]
+                    row.append(pool.submit(calls_passed, code, plan, opts))
+                row += [pool.submit(io_passed, code, t, opts) for t in plan.io]
             jobs.append(row)
         counts = [[f.result() for f in row] for row in jobs]
     scores: list[float | None] = []
@@ -201,7 +152,7 @@ def prepare_code_rewards(reward_specs: list, prompts: list, sandbox: str = "auto
     """At the start of training: set the sandbox mode (reward.sandbox) and, when a reward function is code_tests,
     refuse now if no sandbox may run, and warn naming the rows whose tests cannot be judged outside the sandbox.
     reward_specs: (name, fn, weight) tuples; prompts: the training rows (grpo.types.Prompt)."""
-    from grpo.rewards.sandbox import set_sandbox_mode
+    from grpo.sandbox import set_sandbox_mode
 
     set_sandbox_mode(sandbox)
     if not any(_uses_code_tests(s[1]) for s in reward_specs):

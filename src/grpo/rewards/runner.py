@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from grpo.errors import ConfigError, RewardOutputError
-from grpo.rewards._fork import FORK_AVAILABLE, LiveChildren, run_forked
+from grpo.sandbox.fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError, RewardValues
 from grpo.rewards.specs import reward_spec
 

@@ -21,7 +21,6 @@ import importlib
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 from grpo.config import ConfigError, flat_dict
 

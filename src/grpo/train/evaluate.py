@@ -3,6 +3,8 @@ n sampled completions per problem with the Codex paper's unbiased estimator (`gr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from grpo.rollout import Sampler
@@ -136,3 +138,29 @@ def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_n
     for row, s in zip(rows, sampled, strict=True):
         row |= {"samples": s["completions"], "samples_correct": s["correct"], "c": sum(s["correct"])}
     return summary, rows
+
+
+def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
+    """Greedy pass@1 of the model in `model_dir` on the first eval.n held-out problems of cfg's built-in task,
+    with the settings a `grpo train` run of this config evaluates with."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.data import get_task
+    from grpo.models.loading import load_tokenizer
+    from grpo.tracking.progress import Phase
+    from grpo.train.episodes import env_limits
+
+    task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = load_tokenizer(model_dir)
+    prompts = task.split("test", cfg.eval.n)
+    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    with Phase("evaluating", len(prompts), "problems", console=console) as ph:
+        res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
+                             max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update,
+                             **env_limits(cfg))
+    out = {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
+           "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
+    if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
+        out["tool_use_frac"] = res["tool_use_frac"]
+    return out

@@ -2,7 +2,7 @@
 warnings, checkpoints (atomic) and resume, preemption, the non-finite guard, final model, summary and plots.
 Everything written here follows DESIGN.md's run-directory contract; docs/reliability.md lists the faults.
 
-- Resume (`--resume`, train/resume.py): the newest committed checkpoint of the run directory (partial ones are
+- Resume (`--resume`, train/checkpoint/resume.py): the newest committed checkpoint of the run directory (partial ones are
   skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
   streak and the health monitor and reward guard (their state_dict()), so the run continues bitwise as if never
   stopped. Changing a setting that changes what a step means (INCOMPATIBLE) is refused with a ConfigError naming
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,8 +37,8 @@ from grpo.tracking.metrics import JsonlWriter, write_json_atomic
 from grpo.tracking.trackers import Trackers, open_trackers
 from grpo.train.checkpoint import CheckpointError, save_checkpoint
 from grpo.train.guards import RewardGuard
-from grpo.train.preemption import PreemptionGuard
-from grpo.train.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
+from grpo.train.checkpoint.preemption import PreemptionGuard
+from grpo.train.checkpoint.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
     INCOMPATIBLE,
     check_resume_config,
     checkpointed,
@@ -48,9 +47,7 @@ from grpo.train.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config
     resume_from_checkpoint,
     resume_command,
 )
-
-if TYPE_CHECKING:
-    from grpo.train.trainer import StepResult
+from grpo.train.step_result import StepResult
 
 log = logging.getLogger("grpo.train")
 
@@ -155,14 +152,14 @@ class _Run:
 
     # ------------------------------------------------------------------ one step
     def note_accuracy(self, step: int, accuracy: float) -> None:
-        """Keep checkpoints/best/ (grpo.train.best) when `accuracy` beats every earlier evaluation."""
+        """Keep checkpoints/best/ (grpo.train.checkpoint.best) when `accuracy` beats every earlier evaluation."""
         if self.best is not None and accuracy <= self.best["accuracy"]:
             return
         self.best = {"step": step, "accuracy": accuracy}
         if step == 0:  # the starting model: model.name itself
             return
         from grpo.models.lora import unwrap
-        from grpo.train.best import save_best
+        from grpo.train.checkpoint.best import save_best
 
         trainer = self.trainer
         gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None

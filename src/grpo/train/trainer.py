@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from grpo.algo import zero_std_groups
 from grpo.algo.registry import advantage_estimator
 from grpo.config import Config, ConfigError
-from grpo.data.base import task_from_config
+from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_rows
 from grpo.models.loading import load_policy, model_tokenizer
@@ -35,8 +34,9 @@ from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.rollout.episodes import run_episodes
 from grpo.train.episodes import apply_env_rewards, env_limits, env_metrics, episode_columns, task_environment
-from grpo.train.warmup import policy_directory
+from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
+from grpo.train.step_result import StepResult
 from grpo.types import Rollouts
 
 log = logging.getLogger("grpo.train")
@@ -46,22 +46,6 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-@dataclass
-class StepResult:
-    """What one `Trainer.step()` did; the loop logs it (metrics.jsonl, samples.jsonl, the guards).
-
-    rollouts: the `Rollouts` trained on (P groups of G, N = P*G completions; this process's share).
-    scores: their `RewardResult` (total (N,), NaN = missing; per_function; metrics).
-    advantages: (N,) group advantages, or (N, T) per token for PPO (GAE).
-    metrics: the step's floats (the job's, the same on every rank with several processes).
-    """
-
-    rollouts: Rollouts
-    scores: RewardResult
-    advantages: torch.Tensor
-    metrics: dict[str, float]
 
 
 class Trainer:

@@ -1,4 +1,4 @@
-"""The report of `grpo bench` (grpo/bench.py): fitted exponents, the acceptance checks against the issue's
+"""The report of `grpo bench` (grpo/bench/run.py): fitted exponents, the acceptance checks against the issue's
 thresholds, and the printed table."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How each sandbox backend starts a program: the bwrap/unshare/setpriv command lines (see sandbox.py)."""
+"""How each sandbox backend starts a program: the bwrap/unshare/setpriv command lines (see run.py)."""
 
 from __future__ import annotations
 

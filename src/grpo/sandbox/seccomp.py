@@ -5,7 +5,7 @@ It makes these system calls fail (EPERM, ENOSYS for clone3) for the program and 
                         it answers ENOSYS and the C library falls back to clone), setns
   unbounded memory      memfd_create, memfd_secret (shmem that RLIMIT_AS does not count), shmget (SysV segments
                         outlive their mapping)
-  reading other processes ptrace, process_vm_readv, process_vm_writev (the harness's secret; see _harness.py)
+  reading other processes ptrace, process_vm_readv, process_vm_writev (the harness's secret; see harness.py)
   kernel attack surface userfaultfd, bpf, perf_event_open, keyctl, add_key, request_key, io_uring_setup
 Any system call made through another ABI (32-bit `int 0x80` on x86-64, x32) fails with ENOSYS, so the numbers above
 cannot be bypassed. Only x86-64 and aarch64 are known; elsewhere `build()` returns None (documented, no filter).

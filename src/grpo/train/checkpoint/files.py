@@ -1,4 +1,4 @@
-"""The pieces a checkpoint is made of, shared by saving (train/checkpoint.py) and loading (train/checkpoint_load.py):
+"""The pieces a checkpoint is made of, shared by saving (train/checkpoint/save.py) and loading (train/checkpoint/load.py):
 the layout constants, CheckpointError, fsync and the manifest's file table, and the model's safetensors I/O."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from grpo.models.builtin import sha256_file
-from grpo.train.checkpoint_files import (
+from grpo.train.checkpoint.files import (
     _STALE_PREFIXES,
     _STEP_DIR,
     FORMAT,

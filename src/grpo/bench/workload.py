@@ -1,4 +1,4 @@
-"""The measured work of `grpo bench` (grpo/bench.py): one (model, shape, G) `Workload` run three ways on the same
+"""The measured work of `grpo bench` (grpo/bench/run.py): one (model, shape, G) `Workload` run three ways on the same
 prompts (our step, the plain-torch floor, transformers generate), and `measure`, the medians over repeats."""
 
 from __future__ import annotations

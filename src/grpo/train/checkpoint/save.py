@@ -11,8 +11,8 @@ committed. See docs/checkpoints.md for the layout and the fault behaviour.
 
 One process (rank 0) saves into a run directory. Sharded (FSDP/DCP) state is out of scope.
 
-This file saves; loading is train/checkpoint_load.py, the shared layout and file I/O train/checkpoint_files.py, the
-RNG states train/rng_state.py. Every public name stays importable from here.
+This file saves; loading is load.py, the shared layout and file I/O files.py, the RNG states rng_state.py. Every
+public name is importable from grpo.train.checkpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from grpo.models.lora import unwrap
-from grpo.train.checkpoint_files import (
+from grpo.train.checkpoint.files import (
     _NAME,
     _STALE_PREFIXES,
     FORMAT,
@@ -42,13 +42,13 @@ from grpo.train.checkpoint_files import (
     _save_model,
     step_dir_name,
 )
-from grpo.train.checkpoint_load import Checkpoint, _committed, _verify, latest_checkpoint, load_checkpoint
-from grpo.train.rng_state import capture_rng_state, restore_rng_state
+from grpo.train.checkpoint.load import Checkpoint, _committed, _verify, latest_checkpoint, load_checkpoint
+from grpo.train.checkpoint.rng_state import capture_rng_state, restore_rng_state
 
 __all__ = ["CheckpointError", "Checkpoint", "save_checkpoint", "load_checkpoint", "latest_checkpoint",
            "capture_rng_state", "restore_rng_state"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("grpo.train.checkpoint")
 
 def _fault_hook(stage: str) -> None:
     """Test seam called at each save stage; a no-op. Tests replace it to crash the save at `stage`.

@@ -1,6 +1,6 @@
 """`grpo bench`, engine axis: the rollout engines side by side on the same model, prompts and token counts.
 
-    python -m grpo.bench_engines [--quick] [--gpu] [--output PATH]   this part alone (bench/results/engines.json)
+    python -m grpo.bench.engines [--quick] [--gpu] [--output PATH]   this part alone (bench/results/engines.json)
     grpo bench                                                       appends it to the main bench's JSON ("engines")
 
 Engines (rollout.engine), each generating G completions for each of P arithmetic prompts, exactly T new tokens
@@ -234,7 +234,7 @@ def summary(result: dict) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m grpo.bench_engines")
+    ap = argparse.ArgumentParser(prog="python -m grpo.bench.engines")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="the Qwen2.5-0.5B-shaped plan (bench/engines_gpu.sh)")
     ap.add_argument("--output", default=None)

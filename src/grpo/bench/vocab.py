@@ -1,7 +1,7 @@
 """`grpo bench`, real-vocabulary part: the policy update's memory and time on a Qwen2-shaped model with Qwen's
 151,936-token vocabulary, against the naive floor, and rollout throughput beside `transformers` generate.
 
-    python -m grpo.bench_vocab [--quick] [--output PATH]     this part alone (default bench/results/vocab.json)
+    python -m grpo.bench.vocab [--quick] [--output PATH]     this part alone (default bench/results/vocab.json)
     grpo bench                                               appends it to the main bench's JSON
 
 Model: random Qwen2ForCausalLM, vocab 151,936, hidden 64, 2 layers, tied embeddings (as Qwen2.5-0.5B), so the
@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     import argparse
     import logging
 
-    p = argparse.ArgumentParser(prog="python -m grpo.bench_vocab")
+    p = argparse.ArgumentParser(prog="python -m grpo.bench.vocab")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--output", default=None)
     args = p.parse_args(argv)

@@ -9,7 +9,7 @@ trains on the same P prompts. Building the critic draws nothing from the global 
 are the same draws in all three runs. The runs differ only in what their presets (`grpo`, `deepseekmath`, `ppo`)
 change: the baseline (group mean vs. value model), the reference model and KL, and the loss aggregation.
 
-Each run is its own process (`python -m grpo.compare_worker --worker SPEC`, grpo/compare_worker.py), run one after
+Each run is its own process (`python -m grpo.compare.worker --worker SPEC`, grpo/compare/worker.py), run one after
 another, so its peak RSS and timings are its own. Measured per run: the networks resident (policy, reference, value;
 the reward here is a program, not a network), the bytes of parameters + gradients + optimizer state, peak RSS,
 seconds per step (`perf/step_s`, training only, evaluation excluded), and held-out accuracy (greedy pass@1) against
@@ -29,7 +29,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from grpo.compare_worker import accuracy_curve, resident_models, run_worker, state_bytes  # noqa: F401 (re-exported)
+from grpo.compare.worker import accuracy_curve, resident_models, run_worker, state_bytes  # noqa: F401 (re-exported)
 
 RUNS = {  # key -> (label, preset, extra overrides)
     "grpo": ("GRPO (β=0)", "grpo", []),
@@ -76,7 +76,7 @@ def check_same_work(configs: dict) -> dict:
 def prepare_model(cfg, printer) -> None:
     """Build (or find) the built-in model once, here, so the workers never race to build it."""
     from grpo.data import get_task
-    from grpo.train.warmup import policy_directory
+    from grpo.warmup import policy_directory
 
     task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     t = time.time()
@@ -93,7 +93,7 @@ def launch(name: str, preset: str, overrides: list[str], run_dir: Path, printer)
     log_path = run_dir / "worker.log"
     t = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "grpo.compare_worker", "--worker", str(spec_path)],
+        proc = subprocess.run([sys.executable, "-m", "grpo.compare.worker", "--worker", str(spec_path)],
                               stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), check=False)
     if proc.returncode != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])

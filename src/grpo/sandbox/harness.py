@@ -8,7 +8,7 @@ Two processes inside the sandbox:
   (sys.argv[1], the sandbox's `secret`) to EOF  .
   closes it, says "go" ------------------------> points fd 1 at /dev/null; runs the solution; runs the prelude;
                                                 evaluates each hole (a call expression), encodes its value
-  reads result lines from the child's pipe  <--- with the strict encoder (_wire.py): "<k> 1 <value>" or
+  reads result lines from the child's pipe  <--- with the strict encoder (wire.py): "<k> 1 <value>" or
   until "end", EOF, MAX_PAYLOAD or the budget    "<k> 0 <error>"; then each unverifiable test: "<k> 1 ok"
   kills the child, then writes ONE frame to stdout:
       GRPO-FRAME <hmac-sha256(key, header rest + payload)> <child status> <payload length>\\n<payload>
@@ -30,7 +30,7 @@ import hashlib
 import hmac
 import re
 
-from grpo.rewards._wire import ENCODER_SRC, MAX_CHARS, MAX_DEPTH
+from grpo.sandbox.wire import ENCODER_SRC, MAX_CHARS, MAX_DEPTH
 
 __all__ = ["build_harness", "read_frame", "Frame", "SETUP_FAILED", "MAX_PAYLOAD"]
 

@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-from grpo.bench_report import HEADER, acceptance, exponents, fit_exponent, row, summary  # noqa: F401 (re-exported)
+from grpo.bench.report import HEADER, acceptance, exponents, fit_exponent, row, summary  # noqa: F401 (re-exported)
 from grpo.tracking.clock import Clock
-from grpo.bench_workload import Workload, long_prompts, measure, timed_forward  # noqa: F401 (re-exported)
+from grpo.bench.workload import Workload, long_prompts, measure, timed_forward  # noqa: F401 (re-exported)
 from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (re-exported: scripts/vocab_train_memory.py)
 from grpo.tokens import prompt_token_ids
 
@@ -229,11 +229,11 @@ def main(args) -> int:
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
     result = run_bench(plan, log=err)
-    from grpo import bench_vocab  # the real-vocabulary part: update memory/time vs the floor, generation
+    from grpo.bench import vocab as bench_vocab  # the real-vocabulary part: update memory/time vs the floor, generation
 
     vocab = bench_vocab.run_vocab(bench_vocab.quick_plan() if plan.quick else bench_vocab.full_plan(), log=err)
     bench_vocab.merge_into(result, vocab)
-    from grpo import bench_engines  # the engine axis: native, vllm (when installed), transformers generate
+    from grpo.bench import engines as bench_engines  # the engine axis: native, vllm (when installed), transformers generate
 
     result["engines"] = bench_engines.run_engines(bench_engines.cpu_plan(plan.quick), log=err)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)

@@ -1,4 +1,4 @@
-"""The worker side of `grpo compare` (grpo/compare.py): one run in its own process (`python -m grpo.compare_worker
+"""The worker side of `grpo compare` (grpo/compare/run.py): one run in its own process (`python -m grpo.compare.worker
 SPEC`), so its peak RSS and timings are its own; it trains, then measures the networks it holds, their bytes, peak
 RSS, seconds per step and the accuracy curve, and writes the result JSON the parent reads."""
 
@@ -126,7 +126,7 @@ def _mean(rows: list[dict], key: str) -> float:
 
 
 def _worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo.compare_worker")
+    parser = argparse.ArgumentParser(prog="python -m grpo.compare.worker")
     parser.add_argument("--worker", required=True, help="a spec JSON written by `grpo compare`")
     spec = json.loads(Path(parser.parse_args(argv).worker).read_text())
     run_worker(spec)

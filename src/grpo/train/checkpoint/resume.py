@@ -13,7 +13,8 @@ import yaml
 
 from grpo.config import ConfigError, build_config, flat_dict
 from grpo.parallel import checkpoint_views
-from grpo.train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng_state
+from grpo.train.checkpoint.load import latest_checkpoint, load_checkpoint
+from grpo.train.checkpoint.rng_state import restore_rng_state
 
 __all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "load_run_config", "newest_committed",
            "repair_jsonl", "resume_command", "resume_from_checkpoint"]
