@@ -205,7 +205,11 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    n: int = Field(500, ge=1, description="held-out problems evaluated (greedy pass@1)")
+    n: int = Field(300, ge=1, description="test problems: greedy pass@1 measured before and after training (and "
+                   "for checkpoints/best), the reported result; the first eval.n of the held-out pool")
+    val_n: int = Field(200, ge=0, description="validation problems, the next eval.val_n of the held-out pool "
+                       "(disjoint from the test problems): the evaluations every train.eval_every steps and the "
+                       "choice of checkpoints/best; 0 = none (test before and after only, no best/)")
     batch_size: int = Field(250, ge=1, description="problems per greedy generate call; a model directory gets 64 "
                             "unless set (grpo.train.defaults)")
     max_new_tokens: int | None = None

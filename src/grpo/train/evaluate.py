@@ -1,5 +1,9 @@
 """Held-out evaluation: greedy pass@1 on the task's test split (problems never seen in training), and pass@k from
-n sampled completions per problem with the Codex paper's unbiased estimator (`grpo eval --k K`)."""
+n sampled completions per problem with the Codex paper's unbiased estimator (`grpo eval --k K`).
+
+The held-out pool is cut in two (split_held_out): test problems, the first eval.n, measured before and after
+training and reported; validation problems, the next eval.val_n, evaluated during training and used to choose
+checkpoints/best. Nothing is ever chosen on the test problems."""
 
 from __future__ import annotations
 
@@ -164,3 +168,15 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
         out["tool_use_frac"] = res["tool_use_frac"]
     return out
+
+
+def split_held_out(pool: list, n: int, val_n: int) -> tuple[list, list]:
+    """(test, validation) from the task's held-out pool (its "test" split, in its fixed order).
+
+    test = pool[:n] and validation = pool[n:n + val_n] when the pool is large enough, so the test problems are the
+    same as `grpo eval`'s (the first n of the split). A smaller pool (a short data file) keeps min(val_n, K // 2) of
+    its K problems for validation, taken from its end, and tests on the rest."""
+    if len(pool) >= n + val_n:
+        return pool[:n], pool[n:n + val_n]
+    keep = min(val_n, len(pool) // 2)
+    return pool[:len(pool) - keep], pool[len(pool) - keep:]
