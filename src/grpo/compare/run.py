@@ -291,6 +291,6 @@ def _worker_env() -> dict[str, str]:
     """This process's environment, with the directory this `grpo` was imported from first on PYTHONPATH: the
     worker runs the same code as its parent, even when another copy of grpo is installed."""
     env = os.environ.copy()
-    src = str(Path(__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])  # src/grpo/compare/run.py -> src
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [env.get("PYTHONPATH")])])
     return env
