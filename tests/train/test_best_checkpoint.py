@@ -87,7 +87,8 @@ def test_held_out_pool_is_cut_into_disjoint_test_and_validation():
 
     pool = list(range(10))
     assert split_held_out(pool, 4, 3) == ([0, 1, 2, 3], [4, 5, 6])  # test = the first n, as `grpo eval` takes them
-    assert split_held_out(pool, 8, 4) == ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9])  # a short pool: val from its end
+    assert split_held_out(pool, 8, 4) == ([0, 1, 2, 3, 4, 5, 6, 7], [8, 9])  # the pool ends: fewer for validation
+    assert split_held_out(pool, 10, 4) == ([0, 1, 2, 3, 4, 5], [6, 7, 8, 9])  # no more than n: val from its end
     assert split_held_out(pool, 10, 0) == (pool, [])
     assert split_held_out([0, 1, 2], 5, 4) == ([0, 1], [2])
 

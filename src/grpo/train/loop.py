@@ -283,7 +283,7 @@ def run_training(trainer, resume: bool = False) -> dict:
                     run.note_accuracy(0, run.accuracy, run.acc_before)
                 out(f"[grpo] accuracy before training: test {run.acc_before:.3f} on {len(trainer.eval_prompts)} "
                     f"problems" + (f", validation {run.accuracy:.3f} on {len(trainer.val_prompts)}"
-                                   if run.validates else " (no validation problems: eval.val_n=0)"))
+                                   if run.validates else " (no validation problems: eval.val_n=0)"), soft_wrap=True)
                 metrics_file.write(row)
                 run.trackers.log(row)
             con.start(run.start_step)
