@@ -56,8 +56,8 @@ def test_the_readme_marks_its_commands_and_outputs():
     assert set(blocks("test")) == {"quick-start", "own-data"}
     assert {"quick-start", "own-data-head"} <= set(blocks("output"))
     assert commands("quick-start")[0] == [["grpo", "train"]]
-    assert table_fields(blocks("output")["quick-start"][0]) == ["held-out accuracy", "steps", "wall time",
-                                                                "run directory", "plot"]
+    assert table_fields(blocks("output")["quick-start"][0]) == ["test accuracy", "best (validation)", "steps",
+                                                                "wall time", "run directory", "plot"]
 
 
 @pytest.mark.slow
@@ -70,7 +70,8 @@ def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tm
     printed = table_fields(proc.stdout)
     for field in table_fields(blocks("output")["quick-start"][0]):
         assert field in printed, (field, proc.stdout[-2000:])
-    assert re.search(r"held-out accuracy before training: \d\.\d{3} on 20 problems", proc.stdout)
+    assert re.search(r"accuracy before training: test \d\.\d{3} on 20 problems, validation \d\.\d{3} on 200",
+                     proc.stdout)
 
 
 @pytest.mark.slow
@@ -84,7 +85,7 @@ def test_own_data_command_trains_the_built_in_model_on_the_example_file(tmp_path
     (argv,) = argvs
     proc, summary = run_readme_command(argv, fast, tmp_path)
     assert summary["model_source"] == "shipped" and summary["task"] == "examples/arithmetic_qa.jsonl"
-    assert table_fields(proc.stdout)[:1] == ["held-out accuracy"]
+    assert table_fields(proc.stdout)[:1] == ["test accuracy"]
 
 
 def figures() -> list[list[str]]:

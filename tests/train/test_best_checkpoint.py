@@ -99,3 +99,13 @@ def test_the_trainer_never_evaluates_validation_on_test_problems(make_trainer):
     assert len(test) == 5 and len(val) == 7 and not set(test) & set(val)
     assert test == [p.uid for p in trainer.task.split("test", 5)]  # the problems `grpo eval --n 5` scores
     assert not {p.text for p in trainer.val_prompts + trainer.eval_prompts} & {p.text for p in trainer.train_prompts}
+
+
+def test_test_every_draws_a_test_curve_that_chooses_nothing(make_trainer, monkeypatch, tmp_path):
+    test = {0: 0.3, 1: 0.9, 2: 0.95, 3: 0.2, 4: 0.4}  # test peaks at step 2, validation at step 3
+    calls = scripted(monkeypatch, {0: 0.2, 1: 0.3, 2: 0.4, 3: 0.7, 4: 0.5}, {}, test)
+    summary = make_trainer("train.steps=4", "train.eval_every=1", "eval.test_every=2").train()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r.get("eval/accuracy") for r in rows] == [0.3, None, 0.95, None, 0.4]
+    assert (summary["eval/best_step"], summary["eval/accuracy_best"], summary["eval/accuracy_after"]) == (3, 0.2, 0.4)
+    assert sorted({s for s, split in calls if split == "test"}) == [0, 1, 2, 3, 4]  # 1, 3: new bests; 2: the curve

@@ -210,6 +210,9 @@ class EvalConfig(_Section):
     val_n: int = Field(200, ge=0, description="validation problems, the next eval.val_n of the held-out pool "
                        "(disjoint from the test problems): the evaluations every train.eval_every steps and the "
                        "choice of checkpoints/best; 0 = none (test before and after only, no best/)")
+    test_every: int = Field(0, ge=0, description="also measure the test problems every this many steps (a "
+                            "learning curve for a benchmark; never used to choose anything); 0 = before and after "
+                            "training only")
     batch_size: int = Field(250, ge=1, description="problems per greedy generate call; a model directory gets 64 "
                             "unless set (grpo.train.defaults)")
     max_new_tokens: int | None = None

@@ -1,8 +1,9 @@
 """Plots drawn from metrics.jsonl (the source of truth).
 
-- plots/training.png: training reward and held-out accuracy against steps (also cut into reward.png and
-  accuracy.png). The accuracy curve starts at step 0, the accuracy before training (metrics.jsonl's step-0 row), and
-  marks the best evaluation (the one kept in checkpoints/best/).
+- plots/training.png: training reward and accuracy against steps (also cut into reward.png and accuracy.png). The
+  validation curve starts at step 0, the accuracy before training (metrics.jsonl's step-0 row), and marks the best
+  evaluation (the one kept in checkpoints/best/); the test accuracy (before and after, and every eval.test_every
+  steps when set) is drawn as squares.
 - plots/dynamics.png: what explains the curves: each reward function's mean, the KL to the reference (`policy/kl`,
   and `loss/kl`), the policy entropy, the clipped fraction, and the completion lengths with the truncated share.
 """

@@ -204,8 +204,11 @@ class _Run:
             self.nan_streak = 0
         metrics["train/skipped_steps"] = float(self.skipped_total)
         last = step == cfg.train.steps
-        if last and not self.guard.requested:  # the reported result: the final model on the test problems
-            self.acc_after = metrics["eval/accuracy"] = self.evaluate("test")
+        test_now = last or (cfg.eval.test_every and step % cfg.eval.test_every == 0)  # a curve: eval.test_every
+        if test_now and not self.guard.requested:  # the reported result: the final model on the test problems
+            metrics["eval/accuracy"] = self.evaluate("test")
+            if last:
+                self.acc_after = metrics["eval/accuracy"]
         validate = self.validates and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or last)
         if validate and not self.guard.requested:  # a stop request skips the evaluation, saving time
             self.accuracy = metrics["eval/val_accuracy"] = self.evaluate("val")
