@@ -221,7 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="performance figures and their ratios to the naive floor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (a smoke run)")
-    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json)")
+    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json; "
+                   "with --versus-trl bench/results/versus_trl.json)")
+    b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
+                   "model and batch (needs trl; grpo/bench/versus_trl.py)")
+    b.add_argument("--model", default=None, help="with --versus-trl: a model directory (default: the built-in model)")
     b.set_defaults(func=_bench)
     r = sub.add_parser("report", help="a self-contained HTML page of a run")
     r.add_argument("run_dir")
