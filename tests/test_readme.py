@@ -53,11 +53,11 @@ def run_readme_command(argv: list[str], fast: list[str], tmp_path: Path) -> tupl
 
 
 def test_the_readme_marks_its_commands_and_outputs():
-    assert set(blocks("test")) == {"quick-start", "own-data"}
+    assert set(blocks("test")) == {"quick-start", "own-data", "vllm"}
     assert {"quick-start", "own-data-head"} <= set(blocks("output"))
     assert commands("quick-start")[0] == [["grpo", "train"]]
-    assert table_fields(blocks("output")["quick-start"][0]) == ["held-out accuracy", "steps", "wall time",
-                                                                "run directory", "plot"]
+    assert table_fields(blocks("output")["quick-start"][0]) == ["test accuracy", "best (validation)", "steps",
+                                                                "wall time", "run directory", "plot"]
 
 
 @pytest.mark.slow
@@ -70,7 +70,8 @@ def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tm
     printed = table_fields(proc.stdout)
     for field in table_fields(blocks("output")["quick-start"][0]):
         assert field in printed, (field, proc.stdout[-2000:])
-    assert re.search(r"held-out accuracy before training: \d\.\d{3} on 20 problems", proc.stdout)
+    assert re.search(r"accuracy before training: test \d\.\d{3} on 20 problems, validation \d\.\d{3} on 200",
+                     proc.stdout)
 
 
 @pytest.mark.slow
@@ -84,7 +85,7 @@ def test_own_data_command_trains_the_built_in_model_on_the_example_file(tmp_path
     (argv,) = argvs
     proc, summary = run_readme_command(argv, fast, tmp_path)
     assert summary["model_source"] == "shipped" and summary["task"] == "examples/arithmetic_qa.jsonl"
-    assert table_fields(proc.stdout)[:1] == ["held-out accuracy"]
+    assert table_fields(proc.stdout)[:1] == ["test accuracy"]
 
 
 def figures() -> list[list[str]]:
@@ -110,3 +111,18 @@ def test_the_readme_figures_are_the_benchmark_script_results_and_the_shipped_mod
     for row, run in zip(rows, result["runs"]):
         if run["name"].startswith("train.seed="):  # the built-in task: the shipped model's recorded accuracy
             assert row[1] == f"{recipe['heldout']['accuracy']:.3f}"
+
+
+def test_the_vllm_lines_are_the_ones_ci_runs():
+    """The README's vLLM install lines are what scripts/test_vllm.sh (run by CI) builds its environment with, and its
+    `grpo train rollout.engine=vllm` is the command that script ends with."""
+    block, _ = blocks("test")["vllm"]
+    lines = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    script = (ROOT / "scripts" / "test_vllm.sh").read_text()
+    venv, install, train = lines
+    assert venv == "python3 -m venv --system-site-packages .venv-vllm && . .venv-vllm/bin/activate"
+    assert 'python3 -m venv --system-site-packages "$venv"' in script and 'venv="${GRPO_VLLM_VENV:-.venv-vllm}"' in script
+    assert install == "bash scripts/install.sh vllm" and f'. "$venv/bin/activate" && {install}' in script
+    assert train == "grpo train rollout.engine=vllm" and '"$venv/bin/grpo" train rollout.engine=vllm' in script
+    installer = (ROOT / "scripts" / "install.sh").read_text()
+    assert "pip uninstall -y -q torchvision torchaudio torchcodec" in installer

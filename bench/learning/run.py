@@ -111,10 +111,11 @@ def check_best(run_dir: Path, test_file: Path, args) -> dict | None:
 
 def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, seed: int = 0, *, lr: float = 1e-3,
                      batch_size: int = 32, until: float = 1.0, check_every: int = 50,
-                     worked_frac: float = 0.8) -> Path:
+                     worked_frac: float = 0.8, probe: list[tuple[str, str]] | None = None) -> Path:
     """Warm a fresh model on the arithmetic task's train split (grpo.warmup) and save it; kept if present.
-    The warm-up stops early, after a multiple of `check_every` steps, once the greedy accuracy on 200 held-out
-    problems reaches `until` (a checkpoint with room to improve, as a user's starting point is). `worked_frac`: the
+    The warm-up stops early, after a multiple of `check_every` steps, once the greedy accuracy on the validation
+    problems `probe` ((prompt, answer) pairs, never the test problems) reaches `until` (a checkpoint with room to
+    improve, as a user's starting point is). `worked_frac`: the
     share of demonstrations in the worked style ("47 + 38 = 70 + 15 = 85"), the rest direct ("Let me think... 85");
     the worked style is the easier one to get right, so a higher share reaches a given accuracy sooner."""
     import torch
@@ -131,9 +132,10 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
     model.generation_config.bos_token_id = tok.bos_token_id
     n = sum(p.numel() for p in model.parameters())
     print(f"[bench] warming a {n / 1e6:.2f}M-parameter model for at most {warm_steps} steps (lr {lr:g}, batch "
-          f"{batch_size}, worked_frac {worked_frac}), until held-out accuracy >= {until}", file=sys.stderr)
+          f"{batch_size}, worked_frac {worked_frac}), until validation accuracy >= {until}", file=sys.stderr)
     task = ArithmeticTask(worked_frac=worked_frac)
-    probe = [(p.text, p.answer) for p in task.split("test", 200)]
+    if probe is None:  # the held-out pool's problems 500-554: after any eval.n <= 500 test problems
+        probe = [(p.text, p.answer) for p in task.split("test", 555)[500:]]
     t, c, log = time.time(), time.process_time(), []
 
     def check(step: int, loss: float) -> None:
@@ -142,7 +144,7 @@ def build_checkpoint(out: Path, size: str, warm_steps: int, train_size: int, see
         acc = greedy_accuracy(model, tok, probe)
         log.append({"step": step, "loss": loss, "accuracy": acc, "wall_s": time.time() - t,
                     "cpu_s": time.process_time() - c})
-        print(f"[bench] warm-up step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}, "
+        print(f"[bench] warm-up step {step}: loss {loss:.3f}, validation accuracy {acc:.3f}, "
               f"{time.time() - t:.0f} s wall, {time.process_time() - c:.0f} s CPU", file=sys.stderr)
         if acc >= until:
             raise _Warm
@@ -205,7 +207,8 @@ def train(model: Path, train_file: Path, test_file: Path, run_dir: Path, preset:
     cmd = [sys.executable, str(Path(__file__).with_name("timed_cli.py")), "train", preset, f"model.name={model}",
            f"data.path={train_file}", f"data.test_path={test_file}", "reward.functions=[exact_answer]",
            f"train.seed={seed}", f"train.steps={args.steps}", f"train.eval_every={args.eval_every}",
-           f"eval.n={args.eval_n}", f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
+           f"eval.n={args.eval_n}", f"eval.val_n={args.val_n}", f"eval.test_every={args.eval_every}",
+           f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
            f"rollout.max_new_tokens={args.max_new_tokens}", "log.plots=false", "log.sample_groups=0",
            f"train.output_dir={run_dir}", *lr, *overrides, "--quiet", "--json"]
     proc, wall, cpu = _run(cmd, args, env)
@@ -303,6 +306,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int)
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-n", type=int, default=200)
+    p.add_argument("--val-n", type=int, default=50,
+                   help="validation problems after the test problems of the held-out pool (555 in all): the library's "
+                        "choice of checkpoints/best and the warm-up's stop; never the test problems")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -315,7 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("--warm-worked-frac", type=float, default=0.8,
                    help="share of worked-style demonstrations in the warm-up (the task's own default is 0.35)")
     p.add_argument("--warm-until", type=float, default=0.2,
-                   help="stop the warm-up once held-out greedy accuracy reaches this (checked every 50 steps)")
+                   help="stop the warm-up once greedy accuracy on the validation problems reaches this (checked every 50 "
+                        "steps)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
     p.add_argument("--output", type=Path)
     p.add_argument("--rescan", type=Path, help="rebuild a results JSON's library curves from its run directories")
@@ -344,9 +351,11 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    train_file, test_file = write_data(work, 20000, args.eval_n + args.val_n)  # test rows, then validation rows
+    val = [json.loads(x) for x in test_file.read_text().splitlines()][args.eval_n:]
     model = build_checkpoint(work / "model", size, warm, train_size=20000, lr=args.warm_lr, until=args.warm_until,
-                             batch_size=args.warm_batch, worked_frac=args.warm_worked_frac)
-    train_file, test_file = write_data(work, 20000, args.eval_n)
+                             batch_size=args.warm_batch, worked_frac=args.warm_worked_frac,
+                             probe=[(r["prompt"], r["answer"]) for r in val])
     results = []
     out = args.output or (ROOT / "bench" / "learning" / "results" / f"{size}.json")
     for seed in args.seeds:  # interleaved: every configuration of a seed before the next seed, so all see one load

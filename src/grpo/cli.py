@@ -77,7 +77,7 @@ def _eval(args) -> int:
     from grpo.data import task_from_config
     from grpo.models.loading import load_tokenizer, resolve_device
     from grpo.train.episodes import env_limits
-    from grpo.train.evaluate import evaluate_problems
+    from grpo.train.evaluate import evaluate_problems, test_problems
     from transformers import AutoModelForCausalLM
 
     from grpo.models.checks import check_model_dir
@@ -106,7 +106,8 @@ def _eval(args) -> int:
     task = task_from_config(cfg, tokenizer=tokenizer)
     n = args.n or cfg.eval.n
     temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
-    res, rows = evaluate_problems(model, tokenizer, task, task.split("test", n), batch_size=cfg.eval.batch_size,
+    res, rows = evaluate_problems(model, tokenizer, task, test_problems(task, n, cfg.eval.val_n),
+                                  batch_size=cfg.eval.batch_size,
                                   max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                   max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                   temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
@@ -220,7 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="performance figures and their ratios to the naive floor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (a smoke run)")
-    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json)")
+    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json; "
+                   "with --versus-trl bench/results/versus_trl.json)")
+    b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
+                   "model and batch (needs trl; grpo/bench/versus_trl.py)")
+    b.add_argument("--model", default=None, help="with --versus-trl: a model directory (default: the built-in model)")
     b.set_defaults(func=_bench)
     r = sub.add_parser("report", help="a self-contained HTML page of a run")
     r.add_argument("run_dir")

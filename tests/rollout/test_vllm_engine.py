@@ -193,6 +193,35 @@ def test_a_sync_that_does_not_reach_the_engine_is_caught_by_the_probe(builtin, m
     assert engine.probe_diff < 1e-3
 
 
+def test_a_skipped_sync_in_bf16_is_caught_by_the_relative_probe(monkeypatch):
+    """bf16 on CPU: the head scaled by 1.004 (a few optimizer steps' worth) moves the probe's log-probs by less than
+    the absolute bf16 tolerance, so only the relative check (the engine must move with the trainer) can see that
+    the weights never arrived; with the load restored the same sync passes."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.loading import load_tokenizer
+    from grpo.rollout.vllm_engine import PROBE_TEXT, PROBE_TOLERANCE
+
+    model = AutoModelForCausalLM.from_pretrained(BUILTIN, dtype=torch.bfloat16)
+    tok = load_tokenizer(BUILTIN)
+    engine = VllmEngine(model, tok, BUILTIN, max_new_tokens=4, temperature=1.0, seed=0)
+    assert engine.dtype == torch.bfloat16
+    engine.probe(model)  # the reference point: the engine holds the model's weights now
+    ids = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"][:32]
+    before = trainer_prompt_logprobs(model, ids, torch.device("cpu"))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.004)  # tied: the embedding too
+    moved = float((trainer_prompt_logprobs(model, ids, torch.device("cpu")) - before).abs().max())
+    stale_gap = float((torch.tensor(engine.engine_prompt_logprobs(ids)) - trainer_prompt_logprobs(
+        model, ids, torch.device("cpu"))).abs().max())
+    assert 0.03 < moved and stale_gap < PROBE_TOLERANCE[torch.bfloat16]  # the absolute check alone would pass it
+    monkeypatch.setattr(engine, "_load", lambda weights: None)  # the weights never arrive
+    with pytest.raises(StaleWeightsError, match="did not move with the trainer's"):
+        engine.sync_weights(model)
+    monkeypatch.undo()
+    engine.sync_weights(model)  # the failed sync counted nothing as loaded: this one loads, and the engine moves
+
+
 def test_generate_syncs_first_when_the_policy_changed(builtin):
     """A caller that forgets sync_weights (or a resumed checkpoint) still gets the current weights."""
     model, tok, engine = builtin

@@ -116,7 +116,7 @@ def test_every_tracker_gets_every_metric_the_config_and_the_summary(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     config = load_config(run / "config.yaml").to_dict()
-    assert [r["step"] for r in rows] == [0, 1, 2] and set(numeric(rows[0])) == {"eval/accuracy"}
+    assert [r["step"] for r in rows] == [0, 1, 2] and set(numeric(rows[0])) == {"eval/accuracy", "eval/val_accuracy"}
 
     scalars, tb_config, tb_summary = tensorboard_read(run)
     history, wb_summary, wb_config = wandb_read(run)

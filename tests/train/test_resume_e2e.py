@@ -38,7 +38,7 @@ def assert_metrics_match(run_dir, reference: list[dict]) -> None:
     the reference run."""
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(0, E2E_STEPS + 1))
-    assert rows[0] == reference[0] and set(rows[0]) == {"step", "eval/accuracy"}
+    assert rows[0] == reference[0] and set(rows[0]) == {"step", "eval/accuracy", "eval/val_accuracy"}
     for got, want in zip(rows[1:], reference[1:]):
         assert {k: got[k] for k in SAME} == {k: want[k] for k in SAME}, f"step {got['step']} differs"
 

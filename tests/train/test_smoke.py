@@ -28,12 +28,15 @@ def test_run_directory_contract(run):
                  "plots/reward.png", "plots/accuracy.png", "checkpoints/step-000002/COMMITTED"]:
         assert (run / name).exists(), name
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the held-out accuracy before training
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0: the accuracy before training, test and validation
     summary = json.loads((run / "summary.json").read_text())
-    assert rows[0] == {"step": 0, "eval/accuracy": summary["eval/accuracy_before"]}
+    assert rows[0] == {"step": 0, "eval/accuracy": summary["eval/accuracy_before"],
+                       "eval/val_accuracy": summary["eval/val_accuracy_best"] if summary["eval/best_step"] == 0
+                       else rows[0]["eval/val_accuracy"]}
     for key in METRIC_KEYS:
         assert key in rows[1], key
-    assert "eval/accuracy" in rows[2]
+    assert "eval/accuracy" in rows[2] and "eval/val_accuracy" in rows[2]  # the last step: test and validation
+    assert rows[2]["eval/accuracy"] == summary["eval/accuracy_after"]
     summary = json.loads((run / "summary.json").read_text())
     for key in ["eval/accuracy_before", "eval/accuracy_after", "steps", "wall_s"]:
         assert key in summary

@@ -225,6 +225,10 @@ def main(args) -> int:
     import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
+        from grpo.bench import versus_trl
+
+        return versus_trl.main(args)
     plan = quick_plan() if getattr(args, "quick", False) else full_plan()
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)

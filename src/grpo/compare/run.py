@@ -224,7 +224,7 @@ def table_rows(result: dict) -> list[tuple[str, str, list[str]]]:
             ("compute: seconds per step", claims["compute"], step),
             ("  CPU seconds per step (process)", "", cpu),
             ("  update seconds (critic included)", "", update),
-            ("held-out accuracy (greedy pass@1)", claims["accuracy"], acc)]
+            ("test accuracy (greedy pass@1)", claims["accuracy"], acc)]
 
 
 def print_table(result: dict, console=None) -> None:
@@ -271,9 +271,9 @@ def plot_accuracy(result: dict, path: Path) -> Path:
             acc = _mean_curve(curves, "accuracy")
             for ax, key in ((axes[0], "train_s"), (axes[1], "completions")):
                 ax.plot(_mean_curve(curves, key), acc, color=colors.get(name), lw=2, label=f"{run['label']} (mean)")
-    axes[0].set(title="held-out accuracy vs training time", xlabel="training seconds (evaluation excluded)",
+    axes[0].set(title="validation accuracy vs training time", xlabel="training seconds (evaluation excluded)",
                 ylabel="accuracy (greedy pass@1)")
-    axes[1].set(title="held-out accuracy vs completions seen", xlabel="completions sampled", ylabel="accuracy")
+    axes[1].set(title="validation accuracy vs completions seen", xlabel="completions sampled", ylabel="accuracy")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")

@@ -49,15 +49,15 @@ def resident_models(trainer) -> dict[str, dict[str, int]]:
     return nets
 
 
-def accuracy_curve(rows: list[dict], acc_before: float, completions_per_step: int) -> list[dict]:
-    """[{step, completions, train_s, accuracy}] from metrics.jsonl rows, starting with the pre-training point."""
-    curve = [{"step": 0, "completions": 0, "train_s": 0.0, "accuracy": acc_before}]
-    train_s = 0.0
+def accuracy_curve(rows: list[dict], completions_per_step: int) -> list[dict]:
+    """[{step, completions, train_s, accuracy}] from metrics.jsonl rows: the validation accuracy at every evaluation
+    (step 0, before training, first). The reported before/final figures are the test accuracy (summary.json)."""
+    curve, train_s = [], 0.0
     for r in rows:
         train_s += r.get("perf/step_s", 0.0)
-        if r.get("eval/accuracy") is not None and r["step"] > 0:  # step 0 (before training) is acc_before
+        if r.get("eval/val_accuracy") is not None:
             curve.append({"step": r["step"], "completions": r["step"] * completions_per_step,
-                          "train_s": round(train_s, 4), "accuracy": r["eval/accuracy"]})
+                          "train_s": round(train_s, 4), "accuracy": r["eval/val_accuracy"]})
     return curve
 
 
@@ -95,7 +95,7 @@ def run_worker(spec: dict) -> dict:
         "generate_s": _mean(rows, "perf/generate_s"), "update_s": _mean(rows, "perf/update_s"),
         "steps": summary["steps"], "completions_per_step": P * G, "completions_seen": summary["steps"] * P * G,
         "accuracy_before": summary["eval/accuracy_before"], "accuracy_final": summary["eval/accuracy_after"],
-        "accuracy_curve": accuracy_curve(rows, summary["eval/accuracy_before"], P * G),
+        "accuracy_curve": accuracy_curve(rows, P * G),
         "train_s": sum(steps_s), "wall_s": time.time() - t0,
     }
     if trainer.device.type == "cuda":

@@ -75,8 +75,9 @@ class RolloutConfig(_Section):
                                                "is the trainer's")
     vllm_probe_tolerance: float | None = Field(None, gt=0.0, description="rollout.engine=vllm: the largest "
                                                "|engine - trainer| log-prob on the probe sequence after a weight "
-                                               "sync before StaleWeightsError; None = by dtype (1e-3 fp32, 0.15 "
-                                               "bf16, 0.1 fp16)")
+                                               "sync before StaleWeightsError (another model); None = by dtype (1e-3 "
+                                               "fp32, 0.5 bf16, 0.25 fp16). A stale engine is also caught below it: "
+                                               "its log-probs must move with the trainer's")
 
 
 class RewardConfig(_Section):
@@ -205,7 +206,14 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    n: int = Field(500, ge=1, description="held-out problems evaluated (greedy pass@1)")
+    n: int = Field(300, ge=1, description="test problems: greedy pass@1 measured before and after training (and "
+                   "for checkpoints/best), the reported result; the first eval.n of the held-out pool")
+    val_n: int = Field(200, ge=0, description="validation problems, the next eval.val_n of the held-out pool "
+                       "(disjoint from the test problems): the evaluations every train.eval_every steps and the "
+                       "choice of checkpoints/best; 0 = none (test before and after only, no best/)")
+    test_every: int = Field(0, ge=0, description="also measure the test problems every this many steps (a "
+                            "learning curve for a benchmark; never used to choose anything); 0 = before and after "
+                            "training only")
     batch_size: int = Field(250, ge=1, description="problems per greedy generate call; a model directory gets 64 "
                             "unless set (grpo.train.defaults)")
     max_new_tokens: int | None = None

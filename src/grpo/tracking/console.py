@@ -39,11 +39,12 @@ class RunConsole:
 
     def update(self, step: int, metrics: dict, accuracy: float | None) -> None:
         acc = f"{accuracy:.3f}" if accuracy is not None else "-"
-        stats = (f"reward {metrics.get('reward/mean', float('nan')):.3f}  acc {acc}  "
+        stats = (f"reward {metrics.get('reward/mean', float('nan')):.3f}  val acc {acc}  "
                  f"{metrics.get('perf/gen_tokens_per_s', 0):.0f} tok/s")
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
-        elif self.enabled and (time.time() - self._last_plain > 5 or step == self.total or "eval/accuracy" in metrics):
+        elif self.enabled and (time.time() - self._last_plain > 5 or step == self.total
+                                                                         or "eval/val_accuracy" in metrics):
             self._last_plain = time.time()
             print(f"[grpo] step {step}/{self.total}  {stats}", file=sys.stdout, flush=True)
 
@@ -75,7 +76,11 @@ class RunConsole:
         table = Table(title="grpo train: done", show_header=False)
         before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
         if before is not None and after is not None:
-            table.add_row("held-out accuracy", f"{before:.3f} -> {after:.3f}  ({after - before:+.3f})")
+            table.add_row("test accuracy", f"{before:.3f} -> {after:.3f}  ({after - before:+.3f}) on "
+                                            f"{summary.get('eval/n')} problems")
+        if summary.get("eval/best_step") is not None:
+            table.add_row("best (validation)", f"step {summary['eval/best_step']}: test "
+                          f"{summary['eval/accuracy_best']:.3f}, validation {summary['eval/val_accuracy_best']:.3f}")
         table.add_row("steps", str(summary.get("steps")))
         from grpo.tracking.clock import breakdown
         from grpo.tracking.progress import format_duration

@@ -1,8 +1,9 @@
 """Plots drawn from metrics.jsonl (the source of truth).
 
-- plots/training.png: training reward and held-out accuracy against steps (also cut into reward.png and
-  accuracy.png). The accuracy curve starts at step 0, the accuracy before training (metrics.jsonl's step-0 row), and
-  marks the best evaluation (the one kept in checkpoints/best/).
+- plots/training.png: training reward and accuracy against steps (also cut into reward.png and accuracy.png). The
+  validation curve starts at step 0, the accuracy before training (metrics.jsonl's step-0 row), and marks the best
+  evaluation (the one kept in checkpoints/best/); the test accuracy (before and after, and every eval.test_every
+  steps when set) is drawn as squares.
 - plots/dynamics.png: what explains the curves: each reward function's mean, the KL to the reference (`policy/kl`,
   and `loss/kl`), the policy entropy, the clipped fraction, and the completion lengths with the truncated share.
 """
@@ -51,7 +52,8 @@ def plot_run(run_dir: Path) -> list[Path]:
     out_dir = run_dir / "plots"
     out_dir.mkdir(exist_ok=True)
     steps, reward = _series(rows, "reward/mean")
-    acc_steps, acc = _series(rows, "eval/accuracy")
+    acc_steps, acc = _series(rows, "eval/val_accuracy")  # chosen on: validation
+    test_steps, test = _series(rows, "eval/accuracy")  # reported: test, before and after
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     axes[0].plot(steps, reward, color="tab:blue", lw=1, alpha=0.5, label="per step")
     if len(reward) >= 5:
@@ -60,17 +62,19 @@ def plot_run(run_dir: Path) -> list[Path]:
     axes[0].set(title="training reward (mean over the N completions)", xlabel="step", ylabel="reward")
     axes[0].legend(loc="lower right")
     if acc:
-        axes[1].plot(acc_steps, acc, "o-", color="tab:green", label="held-out accuracy")
+        axes[1].plot(acc_steps, acc, "o-", color="tab:green", label="validation accuracy")
         best = max(range(len(acc)), key=lambda i: (acc[i], -acc_steps[i]))  # the first of the highest
         axes[1].plot([acc_steps[best]], [acc[best]], "*", color="tab:red", ms=14,
                      label=f"best {acc[best]:.3f} (step {acc_steps[best]})")
-        if acc_steps[0] == 0:
-            axes[1].axhline(acc[0], color="grey", ls=":", lw=1, label=f"before training {acc[0]:.3f}")
+    if test:
+        axes[1].plot(test_steps, test, "s", color="tab:purple", ms=8,
+                     label="test accuracy " + " -> ".join(f"{a:.3f}" for a in test))
+    if acc or test:
         axes[1].legend(loc="lower right", fontsize=8)
-    axes[1].set(title="held-out accuracy (greedy pass@1)", xlabel="step", ylabel="accuracy", ylim=(0, 1))
+    axes[1].set(title="accuracy (greedy pass@1)", xlabel="step", ylabel="accuracy", ylim=(0, 1))
     for ax in axes:
         ax.grid(alpha=0.3)
-        if acc_steps and acc_steps[0] == 0:
+        if (acc_steps or test_steps) and min(acc_steps + test_steps) == 0:
             ax.set_xlim(left=0)
     fig.tight_layout()
     paths = [out_dir / "training.png"]

@@ -13,7 +13,7 @@ from grpo.tracking.metrics import read_jsonl
 
 ENV_KEYS = ["env/turns_mean", "env/tool_calls_mean", "env/tool_errors_frac", "env/truncated_frac"]
 KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "rollout/truncated_frac", "loss/policy",
-        "policy/clip_frac", "policy/entropy", "policy/kl", "perf/step_s", "eval/accuracy"]
+        "policy/clip_frac", "policy/entropy", "policy/kl", "perf/step_s", "eval/val_accuracy", "eval/accuracy"]
 
 
 def _fmt(v) -> str:
@@ -55,7 +55,7 @@ def write_report(run_dir: Path) -> Path:
     every = max(1, len(rows) // 30)
     table = "".join(
         "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>"
-        for r in rows if r["step"] % every == 0 or "eval/accuracy" in r
+        for r in rows if r["step"] % every == 0 or "eval/accuracy" in r or "eval/val_accuracy" in r
     )
     groups = "".join(
         f"<h3>step {s['step']}: {html.escape(s['prompt'].strip())} (answer {html.escape(str(s.get('answer')))})</h3>"

@@ -1,5 +1,9 @@
 """Held-out evaluation: greedy pass@1 on the task's test split (problems never seen in training), and pass@k from
-n sampled completions per problem with the Codex paper's unbiased estimator (`grpo eval --k K`)."""
+n sampled completions per problem with the Codex paper's unbiased estimator (`grpo eval --k K`).
+
+The held-out pool is cut in two (split_held_out): test problems, the first eval.n, measured before and after
+training and reported; validation problems, the next eval.val_n, evaluated during training and used to choose
+checkpoints/best. Nothing is ever chosen on the test problems."""
 
 from __future__ import annotations
 
@@ -153,7 +157,7 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     task = get_task(cfg.data.task, difficulty=cfg.data.difficulty)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
-    prompts = task.split("test", cfg.eval.n)
+    prompts = test_problems(task, cfg.eval.n, cfg.eval.val_n)
     max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     with Phase("evaluating", len(prompts), "problems", console=console) as ph:
         res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
@@ -164,3 +168,20 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one
         out["tool_use_frac"] = res["tool_use_frac"]
     return out
+
+
+def split_held_out(pool: list, n: int, val_n: int) -> tuple[list, list]:
+    """(test, validation) from the task's held-out pool (its "test" split, in its fixed order).
+
+    test = pool[:n] and validation = pool[n:n + val_n] (fewer when the pool ends first). A pool of at most n
+    problems (a short data file) keeps min(val_n, K // 2) of its K problems for validation, taken from its end, and
+    tests on the rest. `grpo eval` of a run takes its test problems with the same rule (test_problems)."""
+    if len(pool) > n or not val_n:
+        return pool[:n], pool[n:n + val_n]
+    keep = min(val_n, len(pool) // 2)
+    return pool[:len(pool) - keep], pool[len(pool) - keep:]
+
+
+def test_problems(task, n: int, val_n: int) -> list:
+    """The test problems of a run with eval.n = n and eval.val_n = val_n (split_held_out of the task's pool)."""
+    return split_held_out(task.split("test", n + val_n), n, val_n)[0]

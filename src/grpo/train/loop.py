@@ -51,17 +51,22 @@ from grpo.train.step_result import StepResult
 
 log = logging.getLogger("grpo.train")
 
+# summary.json names the split behind each accuracy (docs/reliability.md): choose on validation, report on test
+SUMMARY_SPLITS = {"eval/accuracy_before": "test", "eval/accuracy_after": "test",
+                  "eval/accuracy_best": "test (the model chosen on validation)", "eval/val_accuracy_best": "validation",
+                  "eval/best_step": "chosen on validation"}
+
 
 class NonFiniteError(HealthGuardError):
     """Too many consecutive steps had a non-finite loss or gradient."""
 
 
-def _evaluate(trainer, progress=None) -> float:
-    """Held-out accuracy, without touching the training RNG streams: whether and how often the run evaluates never
-    changes what it trains on (and a resume that skips an evaluation stays exact)."""
+def _evaluate(trainer, progress=None, split: str = "test") -> float:
+    """Accuracy on the test or validation problems, without touching the training RNG streams: whether and how
+    often the run evaluates never changes what it trains on (and a resume that skips an evaluation stays exact)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):
-        return trainer.evaluate(progress=progress)["accuracy"]
+        return trainer.evaluate(progress=progress, split=split)["accuracy"]
 
 
 def _log_samples(cfg, result: StepResult, writer: JsonlWriter, step: int, printer: RunConsole | None) -> None:
@@ -94,7 +99,9 @@ class _Run:
         self.clock = RunClock(state.get("times"))  # summary.json's time/* parts, carried on from the checkpoint
         self.clock.add("model", getattr(trainer, "model_s", 0.0))
         self.wall_before = state.get("wall_s", 0.0)
-        self.acc_before, self.accuracy = state.get("accuracy_before"), state.get("accuracy")
+        # test accuracy before and after training (the reported result); validation accuracy, the latest (for choosing)
+        self.acc_before, self.acc_after = state.get("accuracy_before"), state.get("accuracy_after")
+        self.accuracy = state.get("val_accuracy")
         self.skipped_total, self.nan_streak = state.get("skipped_steps", 0), state.get("nan_streak", 0)
         self.last_saved = trainer.step_count if state else None  # resumed: that step's checkpoint exists
         self.health = HealthMonitor(data_file=self.cfg.data.path is not None)
@@ -102,21 +109,31 @@ class _Run:
         specs = getattr(getattr(trainer, "rewards", None), "specs", [])
         self.reward_guard = RewardGuard({s.name: s.weight for s in specs}, self.cfg.reward.max_missing_steps,
                                         state.get("reward_guard"))
-        self.best = state.get("best")  # {"step", "accuracy"}: the best held-out accuracy so far (step 0 = before)
+        # {"step", "val_accuracy", "accuracy"}: the best validation accuracy so far (step 0 = the starting model)
+        # and that model's test accuracy
+        self.best = state.get("best")
         self.trackers = Trackers([])
 
     def state(self) -> dict:
-        return {"accuracy_before": self.acc_before, "accuracy": self.accuracy, "skipped_steps": self.skipped_total,
+        return {"accuracy_before": self.acc_before, "accuracy_after": self.acc_after, "val_accuracy": self.accuracy,
+                "skipped_steps": self.skipped_total,
                 "nan_streak": self.nan_streak, "wall_s": self.wall_before + time.time() - self.t_start,
                 "times": self.clock.state_dict(),
                 "config": self.cfg.to_dict(), "best": self.best,
                 "health": self.health.state_dict(),
                 "reward_guard": self.reward_guard.state_dict()}
 
-    def evaluate(self) -> float:
-        """Held-out accuracy, timed (time/eval_s) and with progress."""
-        with self.clock.time("eval"), self.con.phase("evaluating", len(self.trainer.eval_prompts), "problems") as ph:
-            return _evaluate(self.trainer, ph.update)
+    def evaluate(self, split: str = "test") -> float:
+        """Accuracy on the test problems or ("val") the validation problems, timed (time/eval_s), with progress."""
+        n = len(self.trainer.eval_prompts if split == "test" else self.trainer.val_prompts)
+        label = "evaluating (test)" if split == "test" else "evaluating (validation)"
+        with self.clock.time("eval"), self.con.phase(label, n, "problems") as ph:
+            return _evaluate(self.trainer, ph.update, split)
+
+    @property
+    def validates(self) -> bool:
+        """Whether the run has validation problems (eval.val_n > 0): without them there is no best/."""
+        return bool(self.trainer.val_prompts)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, why: str) -> Path | None:
@@ -151,11 +168,15 @@ class _Run:
         return path
 
     # ------------------------------------------------------------------ one step
-    def note_accuracy(self, step: int, accuracy: float) -> None:
-        """Keep checkpoints/best/ (grpo.train.checkpoint.best) when `accuracy` beats every earlier evaluation."""
-        if self.best is not None and accuracy <= self.best["accuracy"]:
+    def note_accuracy(self, step: int, val_accuracy: float, test_accuracy: float | None = None) -> None:
+        """Keep checkpoints/best/ (grpo.train.checkpoint.best) when the validation accuracy beats every earlier one,
+        and measure that model on the test problems (`test_accuracy` when already measured at this step): the best
+        model is chosen on validation and reported on test, never chosen on test."""
+        if self.best is not None and val_accuracy <= self.best["val_accuracy"]:
             return
-        self.best = {"step": step, "accuracy": accuracy}
+        if test_accuracy is None:
+            test_accuracy = self.evaluate("test")
+        self.best = {"step": step, "val_accuracy": val_accuracy, "accuracy": test_accuracy}
         if step == 0:  # the starting model: model.name itself
             return
         from grpo.models.lora import unwrap
@@ -164,7 +185,7 @@ class _Run:
         trainer = self.trainer
         gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
         if is_main():
-            save_best(unwrap(trainer.policy), trainer.tokenizer, self.run_dir, step, accuracy,
+            save_best(unwrap(trainer.policy), trainer.tokenizer, self.run_dir, step, val_accuracy, test_accuracy,
                       merged=self.cfg.model.save_merged, state_dict=gathered)
         barrier()
 
@@ -182,10 +203,16 @@ class _Run:
         else:
             self.nan_streak = 0
         metrics["train/skipped_steps"] = float(self.skipped_total)
-        evaluate = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == cfg.train.steps
-        if evaluate and not self.guard.requested:  # a stop request skips the evaluation, saving time
-            self.accuracy = metrics["eval/accuracy"] = self.evaluate()
-            self.note_accuracy(step, self.accuracy)
+        last = step == cfg.train.steps
+        test_now = last or (cfg.eval.test_every and step % cfg.eval.test_every == 0)  # a curve: eval.test_every
+        if test_now and not self.guard.requested:  # the reported result: the final model on the test problems
+            metrics["eval/accuracy"] = self.evaluate("test")
+            if last:
+                self.acc_after = metrics["eval/accuracy"]
+        validate = self.validates and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or last)
+        if validate and not self.guard.requested:  # a stop request skips the evaluation, saving time
+            self.accuracy = metrics["eval/val_accuracy"] = self.evaluate("val")
+            self.note_accuracy(step, self.accuracy, self.acc_after if last else None)
         metrics_file.write({"step": step, **metrics})
         self.trackers.log({"step": step, **metrics})
         _log_samples(cfg, result, samples_file, step, self.con)
@@ -252,12 +279,16 @@ def run_training(trainer, resume: bool = False) -> dict:
         try:
             if run.acc_before is None:
                 _preflight(trainer, out)  # train.preflight: a cheap check that the run can learn (RNG untouched)
-                run.acc_before = run.evaluate()
-                out(f"[grpo] held-out accuracy before training: {run.acc_before:.3f} on "
-                    f"{len(trainer.eval_prompts)} problems")
-                metrics_file.write({"step": 0, "eval/accuracy": run.acc_before})  # the curves start here
-                run.trackers.log({"step": 0, "eval/accuracy": run.acc_before})
-                run.note_accuracy(0, run.acc_before)
+                run.acc_before = run.evaluate("test")
+                row = {"step": 0, "eval/accuracy": run.acc_before}  # the curves start here
+                if run.validates:
+                    run.accuracy = row["eval/val_accuracy"] = run.evaluate("val")
+                    run.note_accuracy(0, run.accuracy, run.acc_before)
+                out(f"[grpo] accuracy before training: test {run.acc_before:.3f} on {len(trainer.eval_prompts)} "
+                    f"problems" + (f", validation {run.accuracy:.3f} on {len(trainer.val_prompts)}"
+                                   if run.validates else " (no validation problems: eval.val_n=0)"), soft_wrap=True)
+                metrics_file.write(row)
+                run.trackers.log(row)
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
                 run.step(metrics_file, samples_file)
@@ -286,17 +317,21 @@ def _finish(run: _Run) -> dict:
             final.mkdir(exist_ok=True)
             save_final(trainer.policy, final, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter
             trainer.tokenizer.save_pretrained(final)
-    if run.accuracy is None:
-        run.accuracy = run.evaluate()
-        run.note_accuracy(trainer.step_count, run.accuracy)
+    if run.acc_after is None:  # no evaluation at the last step (a run resumed there): the result is still measured
+        run.acc_after = run.evaluate("test")
+        if run.validates:
+            run.accuracy = run.evaluate("val")
+            run.note_accuracy(trainer.step_count, run.accuracy, run.acc_after)
     state = run.state()
-    summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.accuracy,
-               "eval/n": len(trainer.eval_prompts), "steps": trainer.step_count, "wall_s": state["wall_s"],
+    summary = {"eval/accuracy_before": run.acc_before, "eval/accuracy_after": run.acc_after,
+               "eval/n": len(trainer.eval_prompts), "eval/val_n": len(trainer.val_prompts),
+               "eval/splits": SUMMARY_SPLITS, "steps": trainer.step_count, "wall_s": state["wall_s"],
                "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
                "task": cfg.data.task if cfg.data.path is None else cfg.data.path,
                "model_source": getattr(trainer, "model_source", None), **run.clock.summary(state["wall_s"])}
-    if run.best is not None:  # the best evaluation (checkpoints/best/ unless it is step 0, the starting model)
-        summary |= {"eval/best_step": run.best["step"], "eval/accuracy_best": run.best["accuracy"]}
+    if run.best is not None:  # chosen on validation (checkpoints/best/ unless it is step 0, the starting model)
+        summary |= {"eval/best_step": run.best["step"], "eval/val_accuracy_best": run.best["val_accuracy"],
+                    "eval/accuracy_best": run.best["accuracy"]}
     if not is_main():
         barrier()  # matches rank 0's barrier below
         return summary

@@ -33,6 +33,7 @@ from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.rollout.episodes import run_episodes
+from grpo.train.evaluate import evaluate_model, split_held_out
 from grpo.train.episodes import apply_env_rewards, env_limits, env_metrics, episode_columns, task_environment
 from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
@@ -67,9 +68,9 @@ class Trainer:
         self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
-        self.eval_prompts = self.task.split("test", cfg.eval.n)
+        held_out = self._held_out_pool(cfg)  # test, then validation problems (split_held_out)
         reward_specs = self._reward_specs(reward_functions)
-        self.train_prompts, self.eval_prompts = check_rows(self.train_prompts, self.eval_prompts, reward_specs, cfg)
+        self.train_prompts, held_out = check_rows(self.train_prompts, held_out, reward_specs, cfg)
         from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
 
         prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
@@ -83,8 +84,8 @@ class Trainer:
         hint = small_model_note(default_notes, sum(p.numel() for p in self.policy.parameters()), cfg.model.lora_rank > 0)
         if hint is not None:
             print_note(hint, console)
-        self.train_prompts, self.eval_prompts = check_lengths(self.train_prompts, self.eval_prompts,
-                                                              self.tokenizer, cfg)
+        self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
+        self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
@@ -258,13 +259,24 @@ class Trainer:
         return specs
 
     # ------------------------------------------------------------------ evaluation and the whole run
-    def evaluate(self, progress=None) -> dict:
-        """Held-out greedy pass@1; `progress(done, total)` after each batch of this process's share."""
-        from grpo.train.evaluate import evaluate_model
+    def _held_out_pool(self, cfg) -> list:
+        """The first eval.n + eval.val_n problems of the task's held-out split."""
+        want = cfg.eval.n + cfg.eval.val_n
+        try:
+            return self.task.split("test", want)
+        except (ValueError, ConfigError) as e:
+            if not cfg.eval.val_n:
+                raise
+            raise ConfigError(f"eval.n + eval.val_n = {cfg.eval.n} + {cfg.eval.val_n} = {want} held-out problems "
+                              f"asked for: {e}; lower eval.n or eval.val_n") from None
 
+    def evaluate(self, progress=None, split: str = "test") -> dict:
+        """Greedy pass@1 on the test problems (split="test", the reported result) or the validation problems
+        ("val", for choosing); `progress(done, total)` after each batch of this process's share."""
+        prompts = {"test": self.eval_prompts, "val": self.val_prompts}[split]
         d = self.dist  # several processes: each evaluates every world_size-th problem; the results are joined
         with generation(self.policy, d):
-            res = evaluate_model(self.policy, self.tokenizer, self.task, d.shard_strided(self.eval_prompts),
+            res = evaluate_model(self.policy, self.tokenizer, self.task, d.shard_strided(prompts),
                                  batch_size=self.cfg.eval.batch_size,
                                  max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
                                  max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress,

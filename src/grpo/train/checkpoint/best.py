@@ -1,9 +1,10 @@
-"""The best model by held-out accuracy: `checkpoints/best/`, kept apart from the rotating `step-N` checkpoints.
+"""The best model by validation accuracy: `checkpoints/best/`, kept apart from the rotating `step-N` checkpoints.
 
 A run's last model is not always its best (the default run once went 0.178 -> 0.588 at step 100 -> 0.528 at the
-end). Each evaluation that beats every earlier one (the accuracy before training included) writes the policy to
-`checkpoints/best/` (`save_pretrained` model + tokenizer, loadable by `AutoModelForCausalLM.from_pretrained`, like
-`final/`) with `best.json` = {"step", "eval/accuracy"}. The directory is written under a temporary name and renamed
+end). Each validation evaluation that beats every earlier one (the one before training included) writes the policy
+to `checkpoints/best/` (`save_pretrained` model + tokenizer, loadable by `AutoModelForCausalLM.from_pretrained`, like
+`final/`) with `best.json` = {"step", "eval/val_accuracy", "eval/accuracy"}: the validation accuracy it was chosen by,
+and its accuracy on the test problems (measured once it was chosen, never used to choose). The directory is written under a temporary name and renamed
 into place, so a kill leaves the previous best intact. `train.keep_checkpoints` never deletes it: rotation touches
 `step-N` directories only. When no training step beats the starting model, there is no `best/` and the summary's
 `eval/best_step` is 0 (the model of `model.name`).
@@ -24,13 +25,13 @@ def best_dir(run_dir: Path) -> Path:
 
 
 def read_best(run_dir: Path) -> dict | None:
-    """best.json of run_dir's best model ({"step", "eval/accuracy"}), or None when there is none."""
+    """best.json of run_dir's best model ({"step", "eval/val_accuracy", "eval/accuracy"}), or None."""
     path = best_dir(run_dir) / "best.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def save_best(policy, tokenizer, run_dir: Path, step: int, accuracy: float, *, merged: bool = False,
-              state_dict: dict | None = None) -> Path:
+def save_best(policy, tokenizer, run_dir: Path, step: int, val_accuracy: float, test_accuracy: float, *,
+              merged: bool = False, state_dict: dict | None = None) -> Path:
     """Write `policy` (+ tokenizer) as run_dir/checkpoints/best, replacing the previous best atomically.
 
     state_dict: the gathered full state dict under FSDP (grpo.parallel.full_state_dict), else None.
@@ -44,7 +45,8 @@ def save_best(policy, tokenizer, run_dir: Path, step: int, accuracy: float, *, m
     tmp, final = root / f".tmp-best-{os.getpid()}", best_dir(run_dir)
     save_final(policy, tmp, merged=merged, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
-    (tmp / "best.json").write_text(json.dumps({"step": step, "eval/accuracy": accuracy}))
+    (tmp / "best.json").write_text(json.dumps({"step": step, "eval/val_accuracy": val_accuracy,
+                                               "eval/accuracy": test_accuracy}))
     aside = root / f".tmp-best-old-{os.getpid()}"
     if final.exists():
         os.rename(final, aside)

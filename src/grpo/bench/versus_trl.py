@@ -1,0 +1,246 @@
+"""`grpo bench --versus-trl`: seconds per GRPO step, ours against TRL's GRPOTrainer, on the same model and batch.
+
+    grpo bench --versus-trl [--model DIR] [--quick] [--output PATH]     (default model: the built-in one)
+    python -m grpo.bench.versus_trl --model DIR --steps 3 --repeats 2
+
+The same work on both sides: the model directory, P prompts (the arithmetic task's training problems, as one user
+message each through the model's chat template when it has one), G completions per prompt, at most T new tokens,
+temperature 1, top_p 1, learning rate, the `exact_answer` reward, beta = 0, one optimizer step per generation
+(mu = 1), the seed's loss (TRL's loss_type="grpo": per-completion mean, then mean; std-normalised group
+advantages), AdamW with betas (0.9, 0.99), a constant schedule, gradient clipping at 1. Neither side evaluates.
+
+Each method runs in its own process (its own peak RSS), `--repeats` times, interleaved (ours, TRL, ours, TRL, ...)
+so that both see the same machine load; each process takes one untimed step (warm-up), then `--steps` timed ones.
+Seconds are wall-clock on one process with torch's default threads. Reported: the medians over repeats of each
+process's mean step time, split into generate / reward / log-probs and update (ours: Trainer.step's own perf/*
+metrics; TRL: its profiling contexts, collected in-process) with tokens generated per second, and ours/TRL.
+Completions end at EOS on both sides, so the token counts differ run to run: tokens per second is the fair speed,
+seconds per step the user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from grpo.tracking.memory import peak_rss_mb
+
+METHODS = ("ours", "trl")
+
+
+def default_spec(model: str | None, quick: bool) -> dict:
+    """The shared settings. quick: a smoke run (tiny batch, 1 timed step, 1 repeat)."""
+    return {"model": model, "prompts": 2 if quick else 4, "group": 2 if quick else 8,
+            "max_new_tokens": 8 if quick else 32, "lr": 1e-6, "seed": 0, "steps": 1 if quick else 3,
+            "repeats": 1 if quick else 3}
+
+
+def write_problems(path: Path, n: int, chat: bool) -> Path:
+    """n training problems of the built-in arithmetic task as a JSONL of {"prompt", "answer"}: the prompt a user
+    message ([{"role": "user", "content": ...}]) when `chat`, else the plain text."""
+    from grpo.data import get_task
+
+    rows = [{"prompt": [{"role": "user", "content": p.text.strip()}] if chat else p.text, "answer": p.answer}
+            for p in get_task("arithmetic").split("train", n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ the workers
+def run_ours(spec: dict, data: Path, work: Path) -> dict:
+    """Trainer.step() (1 + steps times) on the spec's batch -> per timed step: seconds by stage, tokens."""
+    from grpo.config import load_config
+    from grpo.train.trainer import Trainer
+
+    overrides = [f"data.path={data}", "reward.functions=[exact_answer]", f"rollout.prompts_per_step={spec['prompts']}",
+                 f"rollout.group_size={spec['group']}", f"rollout.max_new_tokens={spec['max_new_tokens']}",
+                 "rollout.temperature=1.0", "rollout.top_p=1.0", f"optim.lr={spec['lr']}", f"train.seed={spec['seed']}",
+                 f"train.steps={spec['steps'] + 1}", "train.preflight=off", "log.plots=false", "eval.n=1",
+                 "eval.val_n=0", "data.test_fraction=0.05"]
+    if spec["model"]:
+        overrides.append(f"model.name={spec['model']}")
+    trainer = Trainer(load_config(None, overrides), run_dir=work / "ours")
+    try:
+        trainer.step()  # warm-up: first-call allocations, kernels picked
+        steps = []
+        for _ in range(spec["steps"]):
+            m = trainer.step().metrics
+            tokens = m["perf/gen_tokens_per_s"] * m["perf/generate_s"]
+            steps.append({"step_s": m["perf/step_s"], "generate_s": m["perf/generate_s"], "reward_s": m["perf/reward_s"],
+                          "update_s": m["perf/update_s"], "tokens": tokens})
+    finally:
+        trainer.close()
+    return {"steps": steps}
+
+
+def run_trl(spec: dict, data: Path, work: Path) -> dict:
+    """TRL's GRPOTrainer (1 + steps optimizer steps) on the same batch -> per timed step: seconds by stage, tokens."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.extras import profiling
+
+    from grpo.models.builtin import SHIPPED_DIR
+    from grpo.models.loading import load_tokenizer
+    from grpo.rewards import exact_answer
+
+    model_dir = spec["model"] or str(SHIPPED_DIR / "arithmetic")
+    tokenizer = load_tokenizer(Path(model_dir))
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    timings: dict[str, float] = {}
+    log_metrics = profiling.ProfilingContext._log_metrics
+
+    def collect(self, duration: float) -> None:  # TRL times its stages itself; keep the seconds per stage name
+        timings[self.name] = timings.get(self.name, 0.0) + duration
+        log_metrics(self, duration)
+
+    profiling.ProfilingContext._log_metrics = collect
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.steps, self.t0, self.before = [], 0.0, {}
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0, self.before = time.perf_counter(), dict(timings)
+
+        def on_step_end(self, args, state, control, **kw):
+            spent = {k: v - self.before.get(k, 0.0) for k, v in timings.items()}
+            gen = sum(v for k, v in spent.items() if "generate" in k)
+            reward = sum(v for k, v in spent.items() if k.endswith("exact_answer"))
+            self.steps.append({"step_s": time.perf_counter() - self.t0, "generate_s": gen, "reward_s": reward,
+                               "parts": spent})
+
+    def reward(prompts, completions, answer, **kw):
+        return exact_answer(prompts, completions, answer=answer)
+
+    reward.__name__ = "exact_answer"
+    P, G = spec["prompts"], spec["group"]
+    args = GRPOConfig(output_dir=str(work / "trl"), per_device_train_batch_size=P * G, num_generations=G,
+                      gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0,
+                      loss_type="grpo", scale_rewards="group", epsilon=0.2, max_completion_length=spec["max_new_tokens"],
+                      temperature=1.0, top_p=1.0, learning_rate=spec["lr"], lr_scheduler_type="constant",
+                      warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
+                      max_steps=spec["steps"] + 1, seed=spec["seed"], use_cpu=not torch.cuda.is_available(),
+                      bf16=False, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
+                      dataloader_num_workers=0, shuffle_dataset=False)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    clock = StepClock()
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list(rows), callbacks=[clock])
+    trainer.train()
+    profiling.ProfilingContext._log_metrics = log_metrics
+    steps = clock.steps[1:]  # the first step is the warm-up
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h][1:]
+    for s, mean_len in zip(steps, lengths):
+        s["tokens"] = mean_len * P * G
+        s["update_s"] = s["step_s"] - s["generate_s"] - s["reward_s"]  # log-probs, loss, backward, optimizer
+    return {"steps": steps}
+
+
+def worker(method: str, spec: dict) -> dict:
+    """One process's measurement: the method's timed steps, their means, its peak RSS."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with tempfile.TemporaryDirectory(prefix=f"grpo-vs-trl-{method}-") as d:
+        work = Path(d)
+        from grpo.models.loading import load_tokenizer
+        from grpo.models.builtin import SHIPPED_DIR
+
+        tok = load_tokenizer(Path(spec["model"] or SHIPPED_DIR / "arithmetic"))
+        data = write_problems(work / "train.jsonl", 200, chat=bool(getattr(tok, "chat_template", None)))
+        out = (run_ours if method == "ours" else run_trl)(spec, data, work)
+    steps = out["steps"]
+    mean = {k: statistics.fmean(s[k] for s in steps) for k in ("step_s", "generate_s", "reward_s", "update_s", "tokens")}
+    mean["gen_tokens_per_s"] = mean["tokens"] / max(mean["generate_s"], 1e-9)
+    return {"method": method, "steps": steps, "mean": mean, "peak_rss_mb": peak_rss_mb()}
+
+
+# ------------------------------------------------------------------------------------------------ the parent
+def run(spec: dict, log=print) -> dict:
+    """Every repeat of both methods, interleaved, each in a fresh process -> the result (JSON-able)."""
+    src = str(Path(__file__).resolve().parents[2])  # src/grpo/bench/versus_trl.py -> src: the worker runs this code
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as d:
+        spec_path = Path(d) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        for r in range(spec["repeats"]):
+            for method in METHODS:
+                proc = subprocess.run([sys.executable, "-m", "grpo.bench.versus_trl", "--worker", method,
+                                       "--spec", str(spec_path)], capture_output=True, text=True, env=env)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"versus-trl: the {method} worker failed (exit {proc.returncode}):\n"
+                                       f"{proc.stderr[-3000:]}")
+                res = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs[method].append(res)
+                m = res["mean"]
+                log(f"[bench] repeat {r} {method}: {m['step_s']:.3f} s/step (generate {m['generate_s']:.3f}, reward "
+                    f"{m['reward_s']:.3f}, log-probs + update {m['update_s']:.3f}), {m['gen_tokens_per_s']:.0f} tok/s,"
+                    f" peak {res['peak_rss_mb']:.0f} MB")
+    med = {m: {k: statistics.median(r["mean"][k] for r in runs[m]) for k in runs[m][0]["mean"]} | {
+        "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs[m])} for m in METHODS}
+    ratios = {"step_s": med["ours"]["step_s"] / med["trl"]["step_s"],
+              "gen_tokens_per_s": med["ours"]["gen_tokens_per_s"] / med["trl"]["gen_tokens_per_s"]}
+    import torch
+    import transformers
+    import trl
+
+    return {"spec": spec, "median": med, "ours_over_trl": ratios, "runs": runs,
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+
+
+def table(result: dict) -> str:
+    lines = ["method  s/step   generate  reward  log-probs+update  gen tok/s  peak MB"]
+    for m in METHODS:
+        x = result["median"][m]
+        lines.append(f"{m:<6}  {x['step_s']:7.3f}  {x['generate_s']:8.3f}  {x['reward_s']:6.3f}  {x['update_s']:16.3f}  "
+                     f"{x['gen_tokens_per_s']:9.0f}  {x['peak_rss_mb']:7.0f}")
+    r = result["ours_over_trl"]
+    lines.append(f"ours / TRL: {r['step_s']:.2f}x the seconds per step, {r['gen_tokens_per_s']:.2f}x the generation speed")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """`grpo bench --versus-trl`."""
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("grpo bench --versus-trl needs TRL: pip install trl", file=sys.stderr)
+        return 2
+    spec = default_spec(getattr(args, "model", None), getattr(args, "quick", False))
+    for key in ("steps", "repeats"):
+        if getattr(args, key, None):
+            spec[key] = getattr(args, key)
+    result = run(spec, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    out = Path(getattr(args, "output", None) or "bench/results/versus_trl.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, out)
+    print(table(result))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="python -m grpo.bench.versus_trl")
+    p.add_argument("--worker", choices=METHODS)
+    p.add_argument("--spec", type=Path)
+    p.add_argument("--model")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--repeats", type=int)
+    p.add_argument("--output")
+    a = p.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, json.loads(a.spec.read_text()))))
+        raise SystemExit(0)
+    raise SystemExit(main(a))
