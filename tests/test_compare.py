@@ -12,7 +12,7 @@ import torch
 from grpo import cli
 from grpo.compare import RUNS, state_bytes
 
-TINY_RUN = ("warmup.steps=2 warmup.batch_size=8 eval.n=4 rollout.prompts_per_step=2 rollout.group_size=2 "
+TINY_RUN = ("train.preflight=warn warmup.steps=2 warmup.batch_size=8 eval.n=4 rollout.prompts_per_step=2 rollout.group_size=2 "
             "rollout.max_new_tokens=6 data.train_size=64")
 RUN_FIELDS = {"models_resident", "models", "model_state", "model_state_bytes", "peak_rss_mb", "step_s", "update_s",
               "accuracy_before", "accuracy_final", "completions_seen", "baseline", "reward", "per_seed"}

@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     t.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
     t.add_argument("--preflight", action="store_true", help="only sample a few groups with the starting model and "
-                   "say whether the run can learn (truncation, zero-spread groups, rewards); exit 1 if not")
+                   "say whether the run can learn (truncation, zero-spread groups, rewards); exit 3 if not")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="held-out greedy accuracy (and pass@k) of a local model directory")
     e.add_argument("model_dir")

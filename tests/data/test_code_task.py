@@ -91,7 +91,7 @@ def test_code_preset_trains_with_the_sandboxed_verifier(tmp_path, capsys, no_lea
     from grpo.config import load_config
     from grpo.train.trainer import Trainer
 
-    cfg = load_config("code", ["warmup.steps=0", "train.steps=2", "train.eval_every=0", "eval.n=8",
+    cfg = load_config("code", ["warmup.steps=0", "train.preflight=warn", "train.steps=2", "train.eval_every=0", "eval.n=8",
                                "rollout.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=12",
                                "data.train_size=50", "log.plots=false", "log.progress=false"])
     assert cfg.data.task == "code" and cfg.rollout.max_new_tokens == 12

@@ -72,7 +72,8 @@ def small_run(model_dir: Path, data: Path, run_dir: Path, *extra: str) -> list[s
             f"train.output_dir={run_dir}", "train.steps=2", "train.eval_every=0", "eval.n=2",
             "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
             "data.test_fraction=0.2", "log.progress=false", "log.plots=false", "optim.lr=0.01",
-            "optim.warmup_steps=0", "reward.timeout_s=5", *extra]
+            "optim.warmup_steps=0", "reward.timeout_s=5",
+            "train.preflight=warn", *extra]  # random tiny models: the preflight would stop them (correctly)
 
 
 def varied_reward(prompts, completions, **columns):

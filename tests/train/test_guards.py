@@ -94,3 +94,52 @@ def test_the_trainer_raises_rewards_missing_and_writes_no_final(make_trainer, tm
     run_dir = tmp_path / "run"
     assert not (run_dir / "final").exists() and not (run_dir / "summary.json").exists()
     assert (run_dir / "checkpoints" / "step-000002" / "COMMITTED").is_file()
+
+
+# ------------------------------------------------------------------------------------------- zero spread
+FLAT = {"adv/zero_std_frac": 1.0, "reward/std": 0.0, "reward/mean": 0.0}
+
+
+def test_zero_spread_steps_in_a_row_stop_and_one_informative_step_resets():
+    from grpo.train.guards import NoLearningSignal, ZeroSpreadGuard
+
+    guard = ZeroSpreadGuard(limit=3, hint="Change one of: rollout.group_size.")
+    assert guard.observe(1, FLAT) is None and guard.observe(2, FLAT) is None
+    assert guard.observe(3, FLAT | {"reward/std": 0.5}) is None  # groups flat, but rewards differ across groups
+    assert guard.observe(4, FLAT | {"adv/zero_std_frac": 0.75}) is None  # one group had spread
+    assert guard.observe(5, FLAT) is None and guard.observe(6, FLAT) is None
+    err = guard.observe(7, FLAT)
+    assert isinstance(err, NoLearningSignal) and isinstance(err, HealthGuardError)
+    assert "every reward was 0 in 3 steps in a row (steps 5-7; train.zero_spread_steps=3)" in str(err)
+    assert str(err).endswith("Change one of: rollout.group_size.")
+    off = ZeroSpreadGuard(limit=0)
+    assert all(off.observe(s, FLAT) is None for s in range(1, 50))
+
+
+def test_the_zero_spread_count_survives_a_checkpoint():
+    from grpo.train.guards import ZeroSpreadGuard
+
+    guard = ZeroSpreadGuard(limit=3)
+    guard.observe(1, FLAT), guard.observe(2, FLAT)
+    again = ZeroSpreadGuard(limit=3, state=guard.state_dict())
+    assert "steps 1-3" in str(again.observe(3, FLAT))
+
+
+def test_a_run_without_reward_spread_stops_with_a_checkpoint_and_exit_3(tiny_model_dir, tmp_path, monkeypatch,
+                                                                        capsys):
+    """train.preflight=warn (trains anyway), then every step's rewards are all 0: the run ends at step
+    train.zero_spread_steps with a committed checkpoint to resume from, no final/, exit 3."""
+    from grpo.cli import main
+
+    (tmp_path / "r.py").write_text("def zero(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", f"model.name={tiny_model_dir}", "reward.functions=[r.py:zero]", "rollout.group_size=2",
+                 "rollout.prompts_per_step=2", "rollout.max_new_tokens=4", "data.train_size=20", "eval.n=2",
+                 "train.eval_every=0", "train.steps=10", "train.preflight=warn", "train.zero_spread_steps=3",
+                 "log.plots=false", "--output-dir", "run", "--quiet"])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err  # the stop's message is on stderr
+    assert code == EXIT_HEALTH, out[-2000:]
+    assert "every reward was 0 in 3 steps in a row (steps 1-3; train.zero_spread_steps=3)" in out
+    assert (tmp_path / "run" / "checkpoints" / "step-000003" / "COMMITTED").is_file()
+    assert not (tmp_path / "run" / "final").exists()

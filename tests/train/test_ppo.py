@@ -234,7 +234,7 @@ def reward_model_dir(path):
     return path
 
 
-SMOKE = ["warmup.steps=2", "warmup.batch_size=8", "eval.n=4", "rollout.max_new_tokens=6", "log.plots=false",
+SMOKE = ["warmup.steps=2", "warmup.batch_size=8", "train.preflight=warn", "eval.n=4", "rollout.max_new_tokens=6", "log.plots=false",
          "log.progress=false", "data.train_size=64"]
 
 

@@ -4,6 +4,8 @@ RNG stream alone, train.preflight=stop|warn|off in a run, and `grpo train --pref
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -141,7 +143,9 @@ def test_stop_ends_a_run_that_cannot_learn_and_warn_trains(make_trainer, tmp_pat
     with pytest.raises(PreflightError, match="cannot learn"):
         trainer.train()
     out = capsys.readouterr().out
-    assert "preflight fatal: all 8 sampled completions got the same reward 1" in out
+    assert re.search(r"preflight fatal: all \d+ sampled completions \((\d+) batches of 4 prompts\) got the same "
+                     r"reward 1", out)
+    assert "train.preflight=warn to train anyway" in out and "model that knows the domain (model.name)" in out
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before step 1
     trainer = make_trainer("train.preflight=warn", reward_functions=[("const", constant, 1.0)],
                            run_dir=tmp_path / "warn")
@@ -173,8 +177,88 @@ def test_cli_preflight_exit_codes(tiny_model_dir, tmp_path, monkeypatch, capsys)
             "data.train_size=50", "eval.n=4"]
     assert main(["train", *base, "reward.functions=[r.py:const]", "--preflight", "--quiet"]) == 3  # EXIT_HEALTH
     out = capsys.readouterr().out
-    assert "preflight fatal: all 16 sampled completions got the same reward 0" in out
+    assert re.search(r"preflight fatal: all 192 sampled completions \(12 batches of 4 prompts\) got the same reward 0",
+                     out)  # 50 training rows: 12 batches of 4 prompts at most
     assert main(["train", *base, "reward.functions=[r.py:varied]", "--preflight", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "preflight rewards: varied: mean" in out and "preflight fatal" not in out
     assert not any(tmp_path.glob("runs/*/metrics.jsonl"))  # nothing trained
+
+
+def one_in_fifty():
+    """A reward right on 1 sample in 50, counted over every call: the first batches of a small preflight have none."""
+    seen = [0]
+
+    def rare(prompts, completions, **kw):
+        out = [1.0 if (seen[0] + i) % 50 == 49 else 0.0 for i in range(len(completions))]
+        seen[0] += len(completions)
+        return out
+
+    rare.in_process = True  # the count lives in this process (a forked child would start from 0 each call)
+    return rare
+
+
+def spread_fatal(report) -> bool:
+    """A fatal verdict about the rewards' spread (not the truncation of a random tiny model)."""
+    return any(v.level == "fatal" and ("same reward" in v.text or "had any reward spread" in v.text)
+               for v in report.verdicts)
+
+
+def test_a_rare_success_is_found_in_more_batches_and_never_is_fatal(make_trainer, tmp_path):
+    """4 prompts x 2 completions a batch: the 1-in-50 reward pays on samples 50 and 100, in batches 7 and 13 (two
+    prompts). With 16 batches allowed the preflight finds both (not fatal, 13 batches sampled); with 10 it finds
+    one prompt only (one lucky prompt: fatal); with one batch, as before, every reward is 0 (fatal); a reward that
+    never pays is fatal after all 16 batches."""
+    rows = ("data.train_size=80", "train.preflight_groups=4")
+    trainer = make_trainer(*rows, "train.preflight_batches=16", reward_functions=[("rare", one_in_fifty(), 1.0)])
+    report = run_preflight(trainer)
+    assert report.stats["batches"] == 13 and report.stats["spread_groups"] == 2
+    assert not spread_fatal(report)  # (the random tiny model's truncation verdict is another matter)
+    trainer = make_trainer(*rows, "train.preflight_batches=10", run_dir=tmp_path / "ten",
+                           reward_functions=[("rare", one_in_fifty(), 1.0)])
+    report = run_preflight(trainer)
+    assert spread_fatal(report) and report.stats["spread_groups"] == 1
+    assert any("only 1 of the 40 sampled prompts (10 batches) had any reward spread" in v.text for v in report.verdicts)
+    trainer = make_trainer(*rows, "train.preflight_batches=1", run_dir=tmp_path / "one",
+                           reward_functions=[("rare", one_in_fifty(), 1.0)])
+    assert spread_fatal(run_preflight(trainer))
+    trainer = make_trainer(*rows, "train.preflight_batches=16", run_dir=tmp_path / "never",
+                           reward_functions=[("const", constant, 1.0)])
+    report = run_preflight(trainer)
+    assert spread_fatal(report) and report.stats["batches"] == 16 and report.stats["all_same_reward"] == 1.0
+
+
+def test_merge_batches_pools_the_counts():
+    from grpo.train.preflight import merge_batches
+
+    a = stats(groups=4, zero_spread_frac=1.0, all_same_reward=0.0)
+    b = stats(groups=2, zero_spread_frac=0.5, all_same_reward=None)
+    m = merge_batches(a, b)
+    assert (m["groups"], m["batches"], m["all_same_reward"]) == (6, 2, None)
+    assert m["zero_spread_frac"] == pytest.approx((4 * 1.0 + 2 * 0.5) / 6)
+    assert merge_batches(a, stats(groups=4, all_same_reward=1.0))["all_same_reward"] is None  # 0 here, 1 there
+    assert merge_batches(a, stats(groups=4, all_same_reward=0.0))["all_same_reward"] == 0.0
+
+
+def test_the_issue_command_stops_in_seconds_with_what_to_change(tmp_path, monkeypatch, capsys):
+    """Single-digit multiplication on the built-in model (which only knows addition and subtraction): exit 3 before
+    step 1, naming what the built-in model knows and what to change; nothing trained, nothing evaluated."""
+    import json
+    import random
+
+    from grpo.cli import main
+
+    rng = random.Random(0)
+    rows = [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(200)]
+    (tmp_path / "mult.jsonl").write_text("".join(json.dumps({"prompt": f"What is {a} * {b}?", "answer": str(a * b)})
+                                                 + "\n" for a, b in rows))
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "data.path=mult.jsonl", "reward.functions=[exact_answer]", "--output-dir", "run"])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 3, out[-3000:]
+    assert "the built-in model only knows addition and subtraction of numbers below 60" in out
+    assert "model.name=DIR" in out and "rollout.group_size" in out and "train.preflight=warn" in out
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not any(
+        '"step": 1' in line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "final").exists()

@@ -11,7 +11,7 @@ METRIC_KEYS = ["step", "reward/mean", "reward/std", "reward/correct", "reward/fo
                "rollout/len_mean", "rollout/truncated_frac", "loss/policy", "loss/kl", "policy/clip_frac",
                "policy/entropy", "policy/kl", "perf/step_s", "perf/gen_tokens_per_s", "perf/peak_rss_mb"]
 
-TINY = ["warmup.steps=0", "train.steps=2", "train.eval_every=2", "eval.n=20", "rollout.prompts_per_step=2",
+TINY = ["warmup.steps=0", "train.preflight=warn", "train.steps=2", "train.eval_every=2", "eval.n=20", "rollout.prompts_per_step=2",
         "rollout.group_size=3", "rollout.max_new_tokens=8", "data.train_size=100", "log.print_group_every=1"]
 
 

@@ -193,16 +193,23 @@ class TrainConfig(_Section):
     on_save_error: Literal["abort", "continue"] = Field(
         "abort", description="a failed periodic checkpoint save (e.g. disk full): abort the run, or warn and keep "
         "training; the final and the preemption save always abort")
-    preflight: Literal["warn", "stop", "off"] = Field(
-        "warn", description="before step 1, sample a few groups with the starting model and check that the run can "
-        "learn (truncation, zero-spread groups, rewards, log-prob gap): warn prints the verdicts, stop also ends a "
-        "run that cannot learn, off skips it; `grpo train --preflight` runs the check alone")
+    preflight: Literal["stop", "warn", "off"] = Field(
+        "stop", description="before step 1, sample a few groups with the starting model and check that the run can "
+        "learn (truncation, zero-spread groups, rewards, log-prob gap): stop ends a run that cannot learn (exit 3), "
+        "warn prints the verdicts and trains anyway, off skips it; `grpo train --preflight` runs the check alone")
     preflight_groups: int = Field(4, ge=1, description="prompts (groups of rollout.group_size) the preflight samples")
+    preflight_batches: int = Field(16, ge=1, description="while fewer than two sampled prompts show any reward "
+                                   "spread, the preflight samples more batches of train.preflight_groups other "
+                                   "prompts, up to this many, before it calls the run unable to learn (a model right "
+                                   "2% of the time is then stopped by chance < 0.1% of the time at G=8)")
+    zero_spread_steps: int = Field(20, ge=0, description="stop the run (checkpoint, exit 3) after this many "
+                                   "consecutive steps in which every group had zero reward spread and every reward "
+                                   "was the same: nothing is learned; 0 = never")
 
     @field_validator("preflight", mode="before")
     @classmethod
     def _preflight_bool(cls, v):  # YAML reads `off` as false: accept the booleans too
-        return {False: "off", True: "warn"}.get(v, v) if isinstance(v, bool) else v
+        return {False: "off", True: "stop"}.get(v, v) if isinstance(v, bool) else v
 
 
 class EvalConfig(_Section):

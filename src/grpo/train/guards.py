@@ -1,4 +1,4 @@
-"""The run-cannot-learn guard: stop a run whose rewards give no value, instead of training on nothing.
+"""The run-cannot-learn guards: stop a run whose rewards give no value or no spread, instead of training on nothing.
 
 A reward function that returns None for every sample, always times out or always raises makes every sample's
 total reward missing (NaN): every advantage is 0, the loss is 0, and without this guard the run would go on to
@@ -13,13 +13,19 @@ total reward (also when several functions miss different samples). After `reward
 in a row (default 3; 1 = stop at the first) the guard returns a RewardsMissing error naming the function(s) and
 the cause (returned None / timed out / raised); the loop saves a checkpoint and raises it (exit code 3). A function
 with weight 0 (logged only) gets one warning instead: the run can still learn without it.
+
+ZeroSpreadGuard: a step in which every group had zero reward spread (`adv/zero_std_frac` 1) and every reward was the
+same (`reward/std` 0) teaches nothing: every advantage is 0. After `train.zero_spread_steps` such steps in a row
+(default 20; 0 = never) it returns a NoLearningSignal error with what to change; the loop saves a checkpoint and
+raises it (exit code 3). With algo.drop_zero_std_groups (DAPO) a step counts only when every resampling round came
+back without spread, since any informative group is kept.
 """
 
 from __future__ import annotations
 
 from grpo.errors import HealthGuardError
 
-__all__ = ["RewardGuard", "RewardsMissing"]
+__all__ = ["NoLearningSignal", "RewardGuard", "RewardsMissing", "ZeroSpreadGuard"]
 
 FULL = 1.0 - 1e-9  # a missing fraction this high means every sample
 
@@ -92,6 +98,40 @@ class RewardGuard:
         return (f"no sample had a total reward in {self._steps('', step)} (reward.max_missing_steps={self.limit}): "
                 f"each sample misses some weighted reward function (missing per function: {fracs}), so every "
                 "advantage is 0. " + _HINT)
+
+
+class NoLearningSignal(HealthGuardError):
+    """Every group had zero reward spread and every reward was the same for `train.zero_spread_steps` steps."""
+
+
+class ZeroSpreadGuard:
+    """Counts consecutive steps without any reward spread. limit: train.zero_spread_steps (0 = off); hint: what to
+    change (grpo.train.preflight.cannot_learn_hint); state: a `state_dict()` of a checkpoint."""
+
+    def __init__(self, limit: int, hint: str = "", state: dict | None = None) -> None:
+        self.limit, self.hint = int(limit), hint
+        self.load_state_dict(state or {})
+
+    def state_dict(self) -> dict:
+        return {"streak": self.streak, "first": self.first}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak, self.first = int(state.get("streak", 0)), state.get("first")
+
+    def observe(self, step: int, metrics: dict[str, float]) -> NoLearningSignal | None:
+        """The error to raise after step `step` with these metrics, or None."""
+        flat = metrics.get("adv/zero_std_frac", 0.0) >= FULL and metrics.get("reward/std", 1.0) == 0.0
+        if not flat:
+            self.streak, self.first = 0, None
+            return None
+        self.streak += 1
+        self.first = step if self.first is None else self.first
+        if not self.limit or self.streak < self.limit:
+            return None
+        return NoLearningSignal(
+            f"every group had zero reward spread and every reward was {metrics.get('reward/mean', float('nan')):g} in "
+            f"{self.streak} steps in a row (steps {self.first}-{step}; train.zero_spread_steps={self.limit}): every "
+            f"advantage is 0 and nothing is learned. {self.hint}".rstrip())
 
 
 _HINT = ("Fix the function (None means 'no signal for this sample'), raise reward.timeout_s if it timed out, "

@@ -36,7 +36,8 @@ from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
 from grpo.tracking.trackers import Trackers, open_trackers
 from grpo.train.checkpoint import CheckpointError, save_checkpoint
-from grpo.train.guards import RewardGuard
+from grpo.train.guards import RewardGuard, ZeroSpreadGuard
+from grpo.train.preflight import cannot_learn_hint
 from grpo.train.checkpoint.preemption import PreemptionGuard
 from grpo.train.checkpoint.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
     INCOMPATIBLE,
@@ -109,6 +110,10 @@ class _Run:
         specs = getattr(getattr(trainer, "rewards", None), "specs", [])
         self.reward_guard = RewardGuard({s.name: s.weight for s in specs}, self.cfg.reward.max_missing_steps,
                                         state.get("reward_guard"))
+        self.spread_guard = ZeroSpreadGuard(self.cfg.train.zero_spread_steps,
+                                            cannot_learn_hint(self.cfg.model.name == "builtin:tiny",
+                                                              "train.zero_spread_steps=0"),
+                                            state.get("zero_spread_guard"))
         # {"step", "val_accuracy", "accuracy"}: the best validation accuracy so far (step 0 = the starting model)
         # and that model's test accuracy
         self.best = state.get("best")
@@ -121,7 +126,8 @@ class _Run:
                 "times": self.clock.state_dict(),
                 "config": self.cfg.to_dict(), "best": self.best,
                 "health": self.health.state_dict(),
-                "reward_guard": self.reward_guard.state_dict()}
+                "reward_guard": self.reward_guard.state_dict(),
+                "zero_spread_guard": self.spread_guard.state_dict()}
 
     def evaluate(self, split: str = "test") -> float:
         """Accuracy on the test problems or ("val") the validation problems, timed (time/eval_s), with progress."""
@@ -224,6 +230,9 @@ class _Run:
             self.out(f"[grpo] warning: {warning}", soft_wrap=True)
         if stop is not None:
             raise self.unhealthy(stop)
+        flat = self.spread_guard.observe(step, metrics)  # no reward spread for train.zero_spread_steps steps
+        if flat is not None:
+            raise self.unhealthy(flat)
         if self.nan_streak >= cfg.train.max_nan_steps:
             raise NonFiniteError(f"{self.nan_streak} consecutive steps (the last is step {step}) had a non-finite "
                                  f"loss or gradient norm (train.max_nan_steps={cfg.train.max_nan_steps}); last batch "
@@ -355,7 +364,7 @@ def _quiet():
 
 
 def _preflight(trainer, out) -> None:
-    """train.preflight (warn | stop | off): grpo.train.preflight before step 1 of a fresh run; its RNG use is undone."""
+    """train.preflight (stop | warn | off): grpo.train.preflight before step 1 of a fresh run; its RNG use is undone."""
     mode = trainer.cfg.train.preflight
     if mode == "off":
         return

@@ -12,10 +12,16 @@ functions), and `judge` turns the numbers into verdicts with the setting to chan
            many truncated or missing, a large sampler/trainer log-prob gap, empty completions)
     ok     healthy: said in one line with the numbers
 
-`grpo train --preflight` runs the check alone (exit 3 on a fatal verdict, as a health guard). Every run does it before step 1 unless
-`train.preflight=off`; `train.preflight=stop` ends a run with a fatal verdict (PreflightError), `warn` (the
-default) prints the verdicts and trains. The check saves and restores every global RNG (python, numpy, torch, CUDA)
-and draws no prompt from the training stream, so a run trains on exactly what it would without it.
+`grpo train --preflight` runs the check alone (exit 3 on a fatal verdict, as a health guard). Every run does it before
+step 1 unless `train.preflight=off`; `train.preflight=stop` (the default) ends a run with a fatal verdict
+(PreflightError, exit 3, with what to change), `warn` prints the verdicts and trains. When every sampled reward is
+the same, or only one prompt's group has any spread, more batches of other training prompts are sampled (up to
+`train.preflight_batches`), until two prompts show a reward spread; fewer than two in all of them is fatal. One
+lucky prompt is not a signal (the built-in model, asked "What is 2 * 2?", answers 4 by adding), and a model right 2%
+of the time on every prompt shows a spread in 15% of its groups at G=8, so 16 batches of 4 prompts stop it by bad
+luck with probability 0.85^64 + 64 x 0.15 x 0.85^63 < 0.001. The check saves and restores
+every global RNG (python, numpy, torch, CUDA) and draws no prompt from the training stream, so a run trains on
+exactly what it would without it.
 """
 
 from __future__ import annotations
@@ -68,8 +74,9 @@ def _fmt(x) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-def measure(trainer, n_groups: int) -> dict:
-    """Sample the first `n_groups` training prompts x G with trainer's sampler and score them like a step does.
+def measure(trainer, n_groups: int, start: int = 0) -> dict:
+    """Sample training prompts start .. start + n_groups - 1 (x G) with trainer's sampler and score them like a step
+    does (from the training split's list, not the prompt stream: the stream is not advanced).
 
     Returns {groups, group_size, truncated_frac, zero_spread_frac, all_same_reward (float or None), rewards:
     {name: {mean, min, max, missing_frac}}, logp_gap (float or None when top_p < 1), prompt_len_mean, prompt_len_max,
@@ -83,7 +90,7 @@ def measure(trainer, n_groups: int) -> dict:
     from grpo.train.episodes import env_limits, task_environment
 
     cfg, G = trainer.cfg, trainer.cfg.rollout.group_size
-    prompts = trainer.train_prompts[:n_groups]
+    prompts = trainer.train_prompts[start:start + n_groups]
     saved = capture_rng_state()
     try:
         torch.manual_seed(cfg.train.seed)  # the same sample on every rank and every run of this config
@@ -108,7 +115,22 @@ def measure(trainer, n_groups: int) -> dict:
         "prompt_len_mean": float(plen.mean()), "prompt_len_max": int(plen.max()),
         "completion_len_mean": float(lengths.mean()), "completion_len_max": int(lengths.max()),
         "example": rollouts.texts[0] if rollouts.texts else "",
+        "spread_groups": int((~zero_std_groups(total, G)).sum()), "batches": 1,
+        "builtin_model": cfg.model.name == "builtin:tiny",
     }
+
+
+def merge_batches(first: dict, more: dict) -> dict:
+    """The stats of two measured batches as one sample: counts add up, the zero-spread share is pooled, and every
+    reward is the same only when it is the same value in both; the rest (lengths, rewards' detail) stay the
+    first batch's."""
+    groups = first["groups"] + more["groups"]
+    same = first["all_same_reward"]
+    return {**first, "groups": groups, "batches": first.get("batches", 1) + more.get("batches", 1),
+            "spread_groups": first.get("spread_groups", 0) + more.get("spread_groups", 0),
+            "zero_spread_frac": (first["zero_spread_frac"] * first["groups"] + more["zero_spread_frac"] * more["groups"])
+            / groups,
+            "all_same_reward": same if same is not None and more["all_same_reward"] == same else None}
 
 
 def _reward_stats(values: torch.Tensor) -> dict:
@@ -170,12 +192,18 @@ def judge(stats: dict) -> list[Verdict]:
                                        "signal; a format mismatch? compare its expected format with a completion: "
                                        f"{s['example'][:80]!r}"))
     if s["all_same_reward"] is not None:
-        out.append(Verdict("fatal", f"all {n} sampled completions got the same reward {s['all_same_reward']:g}: "
-                                    "every group has zero spread, so every advantage is 0 and nothing is learned. "
-                                    "The task is too hard (or too easy) for the starting model, or the reward never "
-                                    "matches: use an easier data.difficulty or a warmed-up model, raise "
-                                    "rollout.group_size, or check the reward against a completion: "
-                                    f"{s['example'][:80]!r}"))
+        batches = s.get("batches", 1)
+        over = f" ({batches} batches of {s['groups'] // batches} prompts)" if batches > 1 else ""
+        out.append(Verdict("fatal", f"all {n} sampled completions{over} got the same reward "
+                                    f"{s['all_same_reward']:g}: every group has zero spread, so every advantage is 0 "
+                                    "and nothing is learned. " + cannot_learn_hint(s.get("builtin_model", False))
+                                    + f" Check the reward against a completion: {s['example'][:80]!r}"))
+    elif s.get("batches", 1) > 1 and s.get("spread_groups", 2) < MIN_SPREAD_GROUPS:
+        out.append(Verdict("fatal", f"only {s['spread_groups']} of the {s['groups']} sampled prompts "
+                                    f"({s['batches']} batches) had any reward spread among its {s['group_size']} "
+                                    "completions: one lucky prompt is not a signal, and every other advantage is 0. "
+                                    + cannot_learn_hint(s.get("builtin_model", False))
+                                    + f" Check the reward against a completion: {s['example'][:80]!r}"))
     elif s["zero_spread_frac"] >= 0.8:
         out.append(Verdict("warn", f"{s['zero_spread_frac']:.0%} of the {s['groups']} sampled groups have zero "
                                    "reward spread (advantage 0, no gradient): raise rollout.group_size, change "
@@ -195,14 +223,42 @@ def judge(stats: dict) -> list[Verdict]:
     return out
 
 
+def _reward_missing(stats: dict) -> bool:
+    """Some reward never gives a value: more prompts will not change that verdict."""
+    return any(r["missing_frac"] >= 1.0 for r in stats["rewards"].values())
+
+
 def _raise(max_new_tokens: int) -> int:
     return max_new_tokens * 4
+
+
+MIN_SPREAD_GROUPS = 2  # prompts whose groups must show a reward spread before the preflight calls the run healthy
+
+BUILTIN_KNOWS = ("the built-in model only knows addition and subtraction of numbers below 60 (data.task=arithmetic); "
+                 "for anything else train a model that knows the domain: model.name=DIR (a local Hugging Face model "
+                 "directory)")
+
+
+def cannot_learn_hint(builtin_model: bool, override: str = "train.preflight=warn") -> str:
+    """What a user can change when no sampled reward differs: shared by the preflight and the in-training guard
+    (override: the setting that trains anyway)."""
+    model = BUILTIN_KNOWS if builtin_model else "a model that knows the domain (model.name)"
+    return ("The task is too hard (or too easy) for the starting model, or the reward never matches. Change one of: "
+            f"an easier task (data.difficulty, or easier rows); {model}; more completions per group "
+            f"(rollout.group_size); or {override} to train anyway.")
 
 
 def run_preflight(trainer) -> PreflightReport:
     """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
     report is fatal on every rank when it is on one."""
-    stats = measure(trainer, trainer.cfg.train.preflight_groups)
+    cfg = trainer.cfg
+    n = cfg.train.preflight_groups
+    stats = measure(trainer, n)
+    more = min(cfg.train.preflight_batches, len(trainer.train_prompts) // n) - 1
+    for k in range(1, more + 1):  # under two prompts with a spread: more prompts before calling it fatal
+        if stats["spread_groups"] >= MIN_SPREAD_GROUPS or _reward_missing(stats):
+            break
+        stats = merge_batches(stats, measure(trainer, n, start=k * n))
     report = PreflightReport(stats, judge(stats))
     if trainer.dist.enabled and trainer.dist.any(report.fatal) and not report.fatal:
         report.verdicts.insert(0, Verdict("fatal", "another process's preflight found that the run cannot learn"))
