@@ -282,9 +282,12 @@ def test_a_compressed_data_file_trains(model_dir, tmp_path, capsys):
     assert code == EXIT_OK
 
 
-def test_a_reward_returning_nan_names_the_function_and_index(model_dir, tmp_path, capsys):
-    code, err = run(small(model_dir, tmp_path / "run", "reward.functions=[test_nan]"), capsys)
-    assert code == EXIT_USER and "reward function 'test_nan' returned nan at index 0" in err
+def test_a_reward_returning_nan_names_the_function_and_stops_the_run(model_dir, tmp_path, capsys):
+    """NaN for every sample: each is that sample's invalid value (issue #28), so the reward guard stops the run
+    (exit 3) naming the function and what it returned."""
+    code, err = run(small(model_dir, tmp_path / "run", "reward.functions=[test_nan]", "train.preflight=off"), capsys)
+    assert code == EXIT_HEALTH and "'test_nan' gave no value for any sample" in err
+    assert "returned values that cannot be stored (NaN, inf or past reward.max_abs" in err
 
 
 def test_debug_flag_and_env_print_the_traceback(model_dir, tmp_path, capsys, monkeypatch):

@@ -6,18 +6,29 @@
 
 Forms (a row's `tests`: one string of test code, a list of such strings, or I/O dicts):
   call checks   `assert EXPR` where every piece of EXPR that runs the program's code is a call (or an attribute)
-                the checker cannot evaluate itself: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those
-                pieces ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected
-                literal, abs/len/sorted/set/round/math.isclose, arithmetic, indexing) is evaluated here, in the
-                trainer, by `evaluate_check` over the holes' values. The expected values never enter the sandbox.
-                HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point.
+                of a name the program defines: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those pieces
+                ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected value,
+                abs/len/sorted/set/range/round/isclose/math.*, a few str methods of literals, arithmetic, indexing)
+                is evaluated here, in the trainer, with the trainer's own builtins, by `evaluate_check` over the
+                holes' values. The expected side comes from the test text alone: a comparison (or isclose) whose
+                both sides call the program, or a call of a module the test imports (numpy, ...), cannot be judged
+                here and makes the test unverifiable. The expected values never enter the sandbox.
+                HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point;
+                a function named like a builtin (entry_point="max") is the program's, never ours.
                 Imports become a prelude the sandbox runs after the solution; `NAME = <literal>` is substituted.
   I/O checks    {"input": str, "output": str} (or APPS' {"inputs": [...], "outputs": [...]}): the program reads
                 stdin; its stdout is compared here, whitespace-normalised.
   unverifiable  anything else (loops, helper functions, assignments of computed values, `assert` over names the
                 checker cannot see): the test source runs in the sandbox as before and the program's own process
                 reports whether it raised. That verdict can be forged (docs/rewards.md, threat model).
-An assert with no hole at all (`assert True`) does not depend on the program and is dropped.
+An assert with no hole at all (`assert max([1, 5, 3]) == 5` where the program may define `max`) is unverifiable,
+never dropped.
+
+Comparison (values_equal, io_equal): exact by default. Integers compare as integers (True is not 1; an int on
+either side: no tolerance); floats compare with floats only, within rel_tol = float_tol and an absolute floor
+ABS_FLOOR (1e-9), so `== 0.0` does not pass 1e-7. In I/O tests an expected token that is an integer must match
+character for character ("0012" is not "12", "1e6" is not "1000000"); an expected float token compares as a float.
+Values the checker builds are held to MAX_BUILD_BYTES (`[0] * n`, `s * k`, concatenation, range, list(), x ** k).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import ast
 import builtins
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +45,14 @@ __all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", 
 
 # calls the checker evaluates itself, on plain values (never the program's function of the same name)
 _SAFE_CALLS = {"abs", "len", "round", "sorted", "set", "frozenset", "tuple", "list", "min", "max", "sum", "all",
-               "any", "float", "int", "str", "bool", "isclose"}
-_MAX_REPEAT = 100_000  # [0] * n: n at most this
+               "any", "float", "int", "str", "bool", "isclose", "range", "dict"}
+_MATH_CALLS = {"isclose", "sqrt", "fabs", "floor", "ceil", "log", "exp", "pow", "gcd", "factorial", "comb", "hypot"}
+_STR_METHODS = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "title", "capitalize", "startswith",
+                "endswith", "isdigit", "isalpha", "swapcase", "casefold"}  # called on a literal string: ours
+_KEYWORDS = {"round": {"ndigits"}, "sorted": {"reverse"}, "isclose": {"rel_tol", "abs_tol"}}
 _MAX_POW = 64  # x ** k: |k| at most this, k a literal
+MAX_BUILD_BYTES = 16 * 1024 * 1024  # the largest value the checker builds (a list counts 8 bytes an item)
+ABS_FLOOR = 1e-9  # the absolute tolerance of float == float (with rel_tol = float_tol)
 
 
 @dataclass(frozen=True)
@@ -119,8 +136,8 @@ def _text(v: Any, name: str) -> str:
 
 
 def _add_source(plan: TestPlan, src: str, entry_point: str | None) -> None:
-    """Add one string of test code: all its asserts as call checks if every statement is supported, else the
-    whole string as one unverifiable test."""
+    """Add one string of test code: all its asserts as call checks if every statement is supported (an assert the
+    checker cannot place makes the whole string one unverifiable test)."""
     try:
         module = ast.parse(src)
     except SyntaxError:
@@ -159,9 +176,7 @@ def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_p
           and _is_literal(stmt.value, consts)):
         consts[stmt.targets[0].id] = _substitute(stmt.value, consts, {})
     elif isinstance(stmt, ast.Assert):
-        check = _call_check(stmt, consts)
-        if check is not None:
-            calls.append(check)
+        calls.append(_call_check(stmt, consts, {entry_point} - {None}, _imported(prelude)))
     elif top and isinstance(stmt, ast.FunctionDef) and stmt.name == "check":
         args = stmt.args
         if (len(args.args) != 1 or args.vararg or args.kwarg or args.kwonlyargs or args.posonlyargs
@@ -201,31 +216,79 @@ def _copy(node: ast.AST) -> ast.AST:
     return ast.parse(ast.unparse(node), mode="eval").body if isinstance(node, ast.expr) else node
 
 
-def _call_check(stmt: ast.Assert, consts: dict) -> CallCheck | None:
-    """The assert as a CallCheck, None when it has no hole (it does not depend on the program), or _Unsupported."""
+def _imported(prelude: list[str]) -> set[str]:
+    """The names the test's imports bind (`import numpy as np` -> np): library code, never the program's."""
+    names = set()
+    for line in prelude:
+        for node in ast.walk(ast.parse(line)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _call_check(stmt: ast.Assert, consts: dict, program: set[str], imported: set[str]) -> CallCheck:
+    """The assert as a CallCheck, or _Unsupported: no hole (it may test a builtin-named function of the program),
+    a hole that is not the program's code, or an expected side that calls the program."""
     test = _substitute(stmt.test, consts, {})
     holes: list[str] = []
-    shaped = _Holes(holes).visit(test)
-    if not holes:
-        return None
+    shaped = _Holes(holes, program, imported).visit(test)
+    if not holes or not _one_sided(shaped):
+        raise _Unsupported
     return CallCheck(ast.unparse(ast.Assert(stmt.test, None)), tuple(holes), ast.fix_missing_locations(shaped))
 
 
-class _Holes(ast.NodeTransformer):
-    """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside."""
+def _has_hole(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id.startswith("__hole_") for n in ast.walk(node))
 
-    def __init__(self, holes: list[str]) -> None:
-        self.holes = holes
+
+def _one_sided(node: ast.expr) -> bool:
+    """Whether every comparison in `node` has its expected side free of the program: of a comparison's two
+    operands (or isclose's two values) at most one calls the program."""
+    if isinstance(node, ast.Compare):
+        return len(node.comparators) == 1 and sum(map(_has_hole, [node.left, *node.comparators])) <= 1
+    if isinstance(node, ast.Call) and _name(node.func) == "isclose":
+        return sum(map(_has_hole, node.args[:2])) <= 1 and not any(_has_hole(k.value) for k in node.keywords)
+    if isinstance(node, ast.UnaryOp):
+        return _one_sided(node.operand)
+    if isinstance(node, ast.BoolOp):
+        return all(_one_sided(v) for v in node.values)
+    return True
+
+
+def _name(f: ast.expr) -> str | None:
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute/call/subscript chain starts from (`Stack().push(1).size` -> 'Stack'); None for a
+    literal receiver."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+class _Holes(ast.NodeTransformer):
+    """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside.
+    program: names that are the program's even when they look like builtins (the entry point); imported: module
+    names the test imports (their calls are library code: not judgeable here, not the program's)."""
+
+    def __init__(self, holes: list[str], program: set[str] = frozenset(), imported: set[str] = frozenset()) -> None:
+        self.holes, self.program, self.imported = holes, set(program), set(imported)
 
     def _hole(self, node: ast.expr) -> ast.Name:
+        root = _root(node)
+        if root is None or root in self.imported or root == "math":
+            raise _Unsupported  # library code or a method of a literal: neither the program's nor ours
         self.holes.append(ast.unparse(node))
         return ast.Name(f"__hole_{len(self.holes) - 1}__", ast.Load())
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        if not _safe_call(node):
+        if not _safe_call(node, self.program):
             return self._hole(node)
         if any(kw.arg is None for kw in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise _Unsupported
+        if isinstance(node.func, ast.Attribute) and not isinstance(node.func.value, ast.Name):  # "abc".upper()
+            node.func.value = self.visit(node.func.value)
         node.args = [self.visit(a) for a in node.args]
         for kw in node.keywords:
             kw.value = self.visit(kw.value)
@@ -250,12 +313,17 @@ _ALLOWED = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, a
             ast.boolop, ast.cmpop, ast.expr_context)
 
 
-def _safe_call(node: ast.Call) -> bool:
+def _safe_call(node: ast.Call, program: set[str] = frozenset()) -> bool:
+    """Whether the checker evaluates this call itself: a builtin of _SAFE_CALLS (not a name the program owns, such
+    as its entry point), math.<function>, or a str method of a literal string."""
     f = node.func
     if isinstance(f, ast.Name):
-        return f.id in _SAFE_CALLS and f.id != "isclose"
-    return (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
-            and f.attr in ("isclose", "sqrt", "fabs", "floor", "ceil"))
+        return f.id in _SAFE_CALLS and f.id not in program
+    if not isinstance(f, ast.Attribute):
+        return False
+    if isinstance(f.value, ast.Name):
+        return f.value.id == "math" and f.attr in _MATH_CALLS and "math" not in program
+    return f.attr in _STR_METHODS and isinstance(f.value, ast.Constant) and type(f.value.value) is str
 
 
 # ------------------------------------------------------------------------------------------------- evaluating
@@ -338,17 +406,26 @@ class _Eval:
         name = n.func.id if isinstance(n.func, ast.Name) else n.func.attr
         args = [self.run(a) for a in n.args]
         kwargs = {kw.arg: self.run(kw.value) for kw in n.keywords}
+        if set(kwargs) - _KEYWORDS.get(name, set()):
+            raise ValueError(f"{name}() with keywords {sorted(kwargs)}")
+        if isinstance(n.func, ast.Attribute) and not isinstance(n.func.value, ast.Name):  # a method of a literal str
+            receiver = self.run(n.func.value)
+            if type(receiver) is not str or any(type(a) is not str for a in args):
+                raise TypeError("a str method needs str arguments")
+            return getattr(str, name)(receiver, *args)
         if name == "isclose":
             return math.isclose(*args, **kwargs)
-        if name in ("sqrt", "fabs", "floor", "ceil"):
+        if isinstance(n.func, ast.Attribute):  # math.<function>
+            if name in ("pow", "factorial", "comb", "exp") and any(type(a) in (int, float) and abs(a) > 10_000
+                                                                  for a in args):
+                raise ValueError(f"math.{name} of a huge number")
             return getattr(math, name)(*args)
-        if name == "sorted":
-            if set(kwargs) - {"reverse"}:
-                raise ValueError("sorted(key=...)")
-        elif kwargs:
-            raise ValueError(f"{name}() with keywords")
         if name == "int" and len(args) == 1 and isinstance(args[0], str) and len(args[0]) > 4000:
             raise ValueError("int() of a huge string")
+        if name == "range":
+            _budget(len(range(*args)) * 8)
+        elif name in ("list", "tuple", "set", "frozenset", "sorted", "dict") and args:
+            _budget(_length(args[0]) * 8)
         return getattr(builtins, name)(*args, **kwargs)
 
 
@@ -357,10 +434,26 @@ def _number(v: Any) -> None:
         raise TypeError(f"arithmetic on {type(v).__name__}")
 
 
+def _budget(nbytes: int) -> None:
+    """Refuse, before building it, a value over MAX_BUILD_BYTES (the check then fails: never a trainer's OOM)."""
+    if nbytes > MAX_BUILD_BYTES:
+        raise MemoryError(f"a value of ~{nbytes} bytes (more than MAX_BUILD_BYTES)")
+
+
+def _length(v: Any) -> int:
+    return len(v) if isinstance(v, (str, list, tuple, set, frozenset, dict, range)) else 0
+
+
+def _bytes(seq: Any, n: int) -> int:
+    """Bytes of a sequence of `n` items of seq's kind: a str 1 a character, a list or tuple 8 an item."""
+    return n if type(seq) is str else 8 * n
+
+
 def _binop(n: ast.BinOp, a: Any, b: Any) -> Any:
     op = type(n.op)
     if op is ast.Add:
         if type(a) in (str, list, tuple) and type(a) is type(b):
+            _budget(_bytes(a, len(a) + len(b)))
             return a + b
         _number(a), _number(b)
         return a + b
@@ -368,15 +461,20 @@ def _binop(n: ast.BinOp, a: Any, b: Any) -> Any:
         seq = [x for x in (a, b) if type(x) in (str, list, tuple)]
         if seq:
             k = b if seq[0] is a else a
-            if type(k) is not int or abs(k) > _MAX_REPEAT or len(seq) != 1:
-                raise ValueError("sequence repeated by a non-int or too many times")
+            if type(k) is not int or len(seq) != 1:
+                raise ValueError("sequence repeated by a non-int")
+            _budget(_bytes(seq[0], len(seq[0]) * max(k, 0)))  # length x count, not the count alone
             return a * b
         _number(a), _number(b)
+        if type(a) is int and type(b) is int:
+            _budget((a.bit_length() + b.bit_length()) // 8)
         return a * b
     if op is ast.Pow:
         if not isinstance(n.right, ast.Constant) or type(b) is not int or abs(b) > _MAX_POW:
             raise ValueError("** needs a small literal exponent")
         _number(a)
+        if type(a) is int:
+            _budget(a.bit_length() * abs(b) // 8)
         return a**b
     _number(a), _number(b)
     fns = {ast.Sub: lambda: a - b, ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
@@ -386,9 +484,10 @@ def _binop(n: ast.BinOp, a: Any, b: Any) -> Any:
 
 
 def values_equal(a: Any, b: Any, tol: float = 0.0) -> bool:
-    """Python's == on plain values (1 == 1.0 == True, [1] != (1,)), except that where one side is a float the
-    numbers compare with math.isclose(rel_tol=tol, abs_tol=tol) when tol > 0. Depth-limited: never recurses past
-    the depth the wire format allows."""
+    """== on plain values, exact by default: a bool equals only a bool (True is not 1), an int compares exactly
+    with an int or a float (no tolerance where an int is involved), and two floats compare with
+    math.isclose(rel_tol=tol, abs_tol=ABS_FLOOR) when tol > 0; [1] != (1,). Depth-limited: never recurses past the
+    depth the wire format allows."""
     return _equal(a, b, tol, 0)
 
 
@@ -396,8 +495,10 @@ def _equal(a: Any, b: Any, tol: float, depth: int) -> bool:
     if depth > 100:
         raise RecursionError("values nested too deeply")
     ta, tb = type(a), type(b)
-    if tol > 0 and (ta is float or tb is float) and ta in (int, float, bool) and tb in (int, float, bool):
-        return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+    if ta is bool or tb is bool:
+        return ta is tb and a == b
+    if ta is float and tb is float and tol > 0:
+        return math.isclose(a, b, rel_tol=tol, abs_tol=ABS_FLOOR)
     if ta in (list, tuple) or tb in (list, tuple):
         return ta is tb and len(a) == len(b) and all(_equal(x, y, tol, depth + 1) for x, y in zip(a, b))
     if ta is dict or tb is dict:
@@ -407,8 +508,9 @@ def _equal(a: Any, b: Any, tol: float, depth: int) -> bool:
 
 def io_equal(got: str, want: str, tol: float = 0.0) -> bool:
     """Stdout against the expected output, whitespace-normalised: leading/trailing blank lines and spaces at the
-    ends of lines are ignored, runs of spaces inside a line count as one. With tol > 0, tokens that both parse as
-    numbers and are not both integers compare with math.isclose."""
+    ends of lines are ignored, runs of spaces inside a line count as one. With tol > 0, an expected token that is a
+    float literal (a '.', an exponent, inf or nan) compares with a printed number within rel_tol = tol and
+    ABS_FLOOR; every other token, integers included, must match exactly."""
     g, w = _lines(got), _lines(want)
     if g == w:
         return True
@@ -428,9 +530,15 @@ def _lines(s: str) -> list[str]:
     return [" ".join(line.split()) for line in s.strip().splitlines()]
 
 
-def _close_tokens(x: str, y: str, tol: float) -> bool:
+def _close_tokens(got: str, want: str, tol: float) -> bool:
+    if len(got) > 64 or len(want) > 64 or not _FLOAT_TOKEN.fullmatch(want):  # an integer token: exact only
+        return False
     try:
-        fx, fy = float(x), float(y)
+        fg, fw = float(got), float(want)
     except ValueError:
         return False
-    return math.isclose(fx, fy, rel_tol=tol, abs_tol=tol)
+    return math.isclose(fg, fw, rel_tol=tol, abs_tol=ABS_FLOOR)
+
+
+# a float literal as a program prints one: digits with a '.' or an exponent, or inf/nan (bounded length above)
+_FLOAT_TOKEN = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d+|inf|nan|infinity)", re.IGNORECASE)
