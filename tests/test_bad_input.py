@@ -282,9 +282,19 @@ def test_a_compressed_data_file_trains(model_dir, tmp_path, capsys):
     assert code == EXIT_OK
 
 
-def test_a_reward_returning_nan_names_the_function_and_index(model_dir, tmp_path, capsys):
-    code, err = run(small(model_dir, tmp_path / "run", "reward.functions=[test_nan]"), capsys)
-    assert code == EXIT_USER and "reward function 'test_nan' returned nan at index 0" in err
+def test_a_reward_returning_nan_trains_on_and_names_the_function_and_index(model_dir, tmp_path, capsys, caplog):
+    """NaN for sample 0 of each call: that sample has no value from the function (issue #28: it is that sample's
+    invalid value, counted in reward/<fn>/invalid_frac), the run goes on, and the log names the function and index."""
+    import json
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="grpo.rewards"):
+        code, _ = run(small(model_dir, tmp_path / "run", "reward.functions=[test_nan]", "train.preflight=off"),
+                      capsys)
+    assert code == EXIT_OK
+    assert "reward function 'test_nan' returned nan at index 0" in caplog.text and "invalid_frac" in caplog.text
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["reward/test_nan/invalid_frac"] > 0 for r in rows if r["step"] > 0)
 
 
 def test_debug_flag_and_env_print_the_traceback(model_dir, tmp_path, capsys, monkeypatch):

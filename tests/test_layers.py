@@ -18,7 +18,7 @@ import grpo
 
 SRC = Path(grpo.__file__).resolve().parent
 LAYERS = {
-    "algo": 0, "types": 0, "errors": 0, "tokens": 0.5,
+    "algo": 0, "types": 0, "errors": 0, "scan": 0, "tokens": 0.5,
     "config": 1,
     "sandbox": 1.5,
     "models": 2, "rewards": 2, "tracking": 2,

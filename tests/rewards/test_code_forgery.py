@@ -68,7 +68,7 @@ class Int(int):
         return False
     __hash__ = int.__hash__
 def add(a, b):
-    return Int(0)
+    return Int(12345)  # its own value is right on no test: only the __eq__ could make it pass
 """
 
 LOOKUP_MAIN_PY = """\

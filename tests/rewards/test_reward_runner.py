@@ -205,8 +205,6 @@ def test_slow_functions_overlap(runner_factory):
     "output, match",
     [
         ([1.0] * 5, "returned 5 values for 6 completions"),
-        ([1.0, float("nan"), 1.0, 1.0, 1.0, 1.0], "index 1"),
-        ([1.0, 1.0, float("inf"), 1.0, 1.0, 1.0], "index 2"),
         ([1.0, 1.0, 1.0, "1.0", 1.0, 1.0], "non-numeric value '1.0' at index 3"),
         ("oops", "expected a list"),
     ],
@@ -217,6 +215,17 @@ def test_invalid_outputs_are_errors_naming_function_and_index(runner_factory, ou
     with pytest.raises(ValueError, match="bad_fn") as info:
         runner(PROMPTS, COMPLETIONS, {})
     assert match in str(info.value)
+
+
+@pytest.mark.parametrize("in_process", [False, True])
+def test_unstorable_values_are_that_samples_invalid_value(runner_factory, in_process):
+    """NaN, inf, 1e39 (inf as float32), 10**400 and a value past max_abs: each sample gets no value from the function
+    (status invalid, reward/<fn>/invalid_frac), the others keep theirs; nothing raises (issue #28)."""
+    out = [1.0, float("nan"), float("inf"), 1e39, 10 ** 400, 2e6]
+    runner = runner_factory([RewardSpec("wild", lambda completions, **kw: out, in_process=in_process)])
+    res = runner(PROMPTS, COMPLETIONS, {})
+    assert res.status["wild"] == ["ok"] + ["invalid"] * 5 and res.metrics["reward/wild/invalid_frac"] == 5 / 6
+    assert res.per_function["wild"][0] == 1.0 and torch.isnan(res.per_function["wild"][1:]).all()
 
 
 def test_in_process_functions_isolate_exceptions_per_sample(runner_factory):

@@ -112,9 +112,22 @@ def test_row_4_none_rewards_are_missing_with_zero_advantage(make_trainer):
     finite_metrics(metrics)
 
 
+@pytest.mark.parametrize("values", [[1.0, float("nan"), 1.0, 1.0], [1.0, 1.0, float("inf"), 1.0],
+                                    [1.0, 1.0, 1.0, 1e39]])
+def test_row_5_unstorable_reward_values_are_that_samples_invalid_value(values, make_trainer, caplog):
+    """NaN, inf or a value past reward.max_abs (1e39 would be inf as float32): that sample has no value from the
+    function (missing, counted in reward/<fn>/invalid_frac, the reason logged), the others train (issue #28)."""
+    broken = in_process(lambda prompts, completions, **kw: values)
+    trainer = make_trainer(reward_functions=[("broken", broken, 1.0)])
+    with caplog.at_level(logging.WARNING, logger="grpo.rewards"):
+        result = trainer.step()
+    bad = [i for i, v in enumerate(values) if not abs(v) <= 1e6]
+    assert result.metrics["reward/broken/invalid_frac"] == 0.25 and result.scores.status["broken"][bad[0]] == "invalid"
+    assert torch.isnan(result.scores.total[bad]).all() and torch.isfinite(result.advantages).all()
+    assert f"reward function 'broken' returned" in caplog.text and f"at index {bad[0]}" in caplog.text
+
+
 @pytest.mark.parametrize(("values", "message"), [
-    ([1.0, float("nan"), 1.0, 1.0], "reward function 'broken' returned nan at index 1"),
-    ([1.0, 1.0, float("inf"), 1.0], "reward function 'broken' returned inf at index 2"),
     (["x", 1.0, 1.0, 1.0], "reward function 'broken' returned a non-numeric value 'x' at index 0"),
     ([1.0, 1.0, 1.0], "reward function 'broken' returned 3 values for 4 completions")])
 def test_row_5_invalid_reward_outputs_are_errors_naming_function_and_index(values, message, make_trainer):

@@ -85,6 +85,9 @@ class RewardConfig(_Section):
     weights: list[float] | None = None
     timeout_s: float = Field(10.0, gt=0.0)
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
+    max_abs: float = Field(1e6, gt=0.0, le=3.4e38, description="the largest |reward| a function may return; a value "
+                           "past it (or NaN/inf, or past float32) gives that sample no value from the function "
+                           "(missing), counted in reward/<fn>/invalid_frac")
     max_missing_steps: int = Field(3, ge=1, description="stop the run (exit 3) when a weighted reward function "
                                    "gives no value for any sample (None, timeout, error) this many steps in a row")
     sandbox: Literal["auto", "bwrap", "unsafe_local"] = Field(

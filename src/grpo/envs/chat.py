@@ -10,9 +10,12 @@ the start of the next assistant turn's content: the assistant turn's closing (mi
 sampled, e.g. Qwen's `<|im_end|>`), the environment's turn, and the generation prompt. It is taken as the
 difference of two renders of a fixed conversation, so it does not depend on the episode's earlier text.
 
-A message is text, never markup: where it contains a special token's text ('<|im_end|>', '<eos>': a tool result
-echoing what the policy wrote, a program's output), that text is tokenized as ordinary characters, so an
-environment message cannot close its own turn or forge another one; the template's own markers stay special.
+A message is text, never markup: where it contains the text of any token the tokenizer added ('<|im_end|>',
+'<eos>', and added tokens that are not flagged special, such as Qwen3's '<tool_call>' and '</tool_response>': a tool
+result echoing what the policy wrote, a program's output), that text is tokenized as ordinary characters, so an
+environment message cannot close its own turn or forge another one; the template's own markers stay tokens.
+(split_special_tokens covers only the special ones; the others are cut apart here: `_literal_ids`.) Markers a
+template writes as plain text without an added token are ordinary text to the tokenizer anyway.
 """
 
 from __future__ import annotations
@@ -55,23 +58,45 @@ def _ids(tokenizer, text: str, literal: bool = False) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, verbose=False, **kwargs)["input_ids"])
 
 
-def _special_texts(tokenizer) -> list[str]:
+def _control_texts(tokenizer) -> list[str]:
+    """The texts of every token the tokenizer added, special or not, longest first."""
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    return [t.content for t in decoder.values() if getattr(t, "special", False) and getattr(t, "content", "")]
+    return sorted({t.content for t in decoder.values() if getattr(t, "content", "")}, key=len, reverse=True)
+
+
+def _literal_ids(tokenizer, text: str) -> list[int]:
+    """Ids of `text` with every added token's text read as ordinary characters: special ones through
+    split_special_tokens, the others by tokenizing each occurrence one character at a time (no single character
+    forms a multi-character added token)."""
+    hits = []  # (start, -length, text) of every occurrence of every added token's text: one scan a token
+    for c in _control_texts(tokenizer):
+        i = text.find(c)
+        while i >= 0:
+            hits.append((i, -len(c), c))
+            i = text.find(c, i + 1)
+    out, pos = [], 0
+    for i, _, c in sorted(hits):  # leftmost first, the longest at a position; overlapped ones are skipped
+        if i < pos:
+            continue
+        out += _ids(tokenizer, text[pos:i], literal=True) if i > pos else []
+        for ch in c:
+            out += _ids(tokenizer, ch, literal=True)
+        pos = i + len(c)
+    return out + (_ids(tokenizer, text[pos:], literal=True) if pos < len(text) else [])
 
 
 def env_message_ids(tokenizer, message: str, role: str, templated: bool, policy_ended_with_eos: bool) -> list[int]:
     """Token ids of an environment message appended after a policy turn (module docstring). Raises ValueError when
     the message holds a special token's text and the template does not write the message as it is (then its text
     cannot be told from the template's markers)."""
-    if not any(s in message for s in _special_texts(tokenizer)):
+    if not any(s in message for s in _control_texts(tokenizer)):
         return _ids(tokenizer, templated_env_text(tokenizer, role, message, policy_ended_with_eos) if templated
                     else message)
     if not templated:
-        return _ids(tokenizer, message, literal=True)
+        return _literal_ids(tokenizer, message)
     full = templated_env_text(tokenizer, role, message, policy_ended_with_eos)
     before, found, after = templated_env_text(tokenizer, role, _CONTENT, policy_ended_with_eos).partition(_CONTENT)
     if not found or full != before + message + after:
         raise ValueError(f"an environment message with a special token's text, under role {role!r}: the chat "
                          "template does not write it as it is, so its text cannot be kept apart from the markers")
-    return _ids(tokenizer, before) + _ids(tokenizer, message, literal=True) + _ids(tokenizer, after)
+    return _ids(tokenizer, before) + _literal_ids(tokenizer, message) + _ids(tokenizer, after)

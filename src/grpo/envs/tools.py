@@ -30,16 +30,14 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from grpo.envs.base import EnvReply
+from grpo.scan import between
 
 FORMATS = ("hermes", "tags")
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_TAGS = re.compile(r"<call>(.*?)</call>", re.DOTALL)
 
 
 def call_format_for(tokenizer) -> str:
@@ -136,9 +134,9 @@ def parse_calls(text: str, fmt: str) -> list[Call]:
     """The calls in a policy turn, in order; an opened but unclosed call is a malformed one."""
     if fmt not in FORMATS:
         raise ValueError(f"tool call format must be one of {FORMATS}, got {fmt!r}")
-    pattern, parse, opener, closer = ((_HERMES, _hermes_call, "<tool_call>", "</tool_call>") if fmt == "hermes"
-                                      else (_TAGS, _tag_call, "<call>", "</call>"))
-    calls = [parse(m.group(1)) for m in pattern.finditer(text)]
+    parse, opener, closer = ((_hermes_call, "<tool_call>", "</tool_call>") if fmt == "hermes"
+                             else (_tag_call, "<call>", "</call>"))
+    calls = [parse(body.strip() if fmt == "hermes" else body) for body in between(text, opener, closer)]  # linear
     if text.count(opener) > text.count(closer):
         calls.append(Call(None, error=f"malformed call: {opener} without {closer}"))
     return calls

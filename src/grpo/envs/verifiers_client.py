@@ -11,11 +11,12 @@ import re
 import time
 
 from grpo.envs.render import message_text
+from grpo.scan import spans
 from grpo.envs.tools import parse_calls
 from grpo.errors import MissingExtraError
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MODEL_NAME = "grpo-policy"  # what verifiers' state records as the model
+_NAME = re.compile(r'"name"\s*:\s*"([^"]{0,256})"')  # the name of a call that is not JSON (on its first 4 KB)
 
 
 def _vf():
@@ -43,8 +44,9 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
     A call that does not parse keeps its raw text as `arguments` (json.loads fails on it in the environment, which
     answers with an error message) and the name it gave, if one can be read."""
     calls = []
-    for k, m in enumerate(_CALL.finditer(text)):
-        raw = m.group(1)
+    found = spans(text, "<tool_call>", "</tool_call>")  # linear in the text (grpo.scan)
+    for k, (a, b) in enumerate(found):
+        raw = text[a:b].strip()
         try:
             obj = json.loads(raw)
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -55,11 +57,20 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict]]:
             arguments = args if isinstance(args, str) else json.dumps(args)
             calls.append({"id": f"call_{k}", "name": obj["name"], "arguments": arguments, "parsed": True})
         except (ValueError, RecursionError):  # json.JSONDecodeError is a ValueError; nesting too deep recurses
-            name = re.search(r'"name"\s*:\s*"([^"]*)"', raw)
+            name = _NAME.search(raw[:4096])
             calls.append({"id": f"call_{k}", "name": name.group(1) if name else "", "arguments": raw,
                           "parsed": False})
-    content = _CALL.sub("", text).strip() if calls else text
+    content = _outside(text, found, len("<tool_call>"), len("</tool_call>")).strip() if calls else text
     return content, calls
+
+
+def _outside(text: str, found: list[tuple[int, int]], open_len: int, close_len: int) -> str:
+    """`text` without the tagged spans `found` (content bounds), their tags included."""
+    out, pos = [], 0
+    for a, b in found:
+        out.append(text[pos:a - open_len])
+        pos = b + close_len
+    return "".join(out) + text[pos:]
 
 
 def _tag_tool_calls(text: str, params: dict[str, list[str]]) -> tuple[str, list[dict]]:
@@ -76,7 +87,9 @@ def _tag_tool_calls(text: str, params: dict[str, list[str]]) -> tuple[str, list[
             continue
         args = dict(zip(names, c.args)) | dict(c.kwargs or {})
         calls.append({"id": f"call_{k}", "name": c.name, "arguments": json.dumps(args), "parsed": True})
-    content = re.sub(r"<call>.*?(</call>|$)", "", text, flags=re.DOTALL).strip() if calls else text
+    found = spans(text, "<call>", "</call>")
+    content = _outside(text, found, len("<call>"), len("</call>"))
+    content = (content.split("<call>", 1)[0] if "<call>" in content else content).strip() if calls else text
     return content, calls
 
 

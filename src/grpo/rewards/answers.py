@@ -15,10 +15,10 @@ from fractions import Fraction
 from typing import Any
 
 from grpo.rewards.base import completion_text, register_reward
+from grpo.scan import between
 
 __all__ = ["exact_answer", "math_verify", "countdown", "extract_answer", "last_boxed", "to_number"]
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 
@@ -37,12 +37,17 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def answer_tags(text: str) -> list[str]:
+    """The contents of every <answer>...</answer> (any case), in order: linear in the text (grpo.scan)."""
+    return between(text, "<answer>", "</answer>", case=False)
+
+
 def extract_answer(text: str) -> str:
     """The part of a completion that holds its final answer (see the module docstring)."""
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    tags = _ANSWER_TAG.findall(text)
+    tags = answer_tags(text)
     return tags[-1] if tags else text
 
 
@@ -138,7 +143,7 @@ def _math_one(mv: Any, completion: Any, ref: Any) -> float | None:
         return None  # an unparseable reference is no signal, not a wrong answer
     text = completion_text(completion)
     if last_boxed(text) is None:
-        tags = _ANSWER_TAG.findall(text)
+        tags = answer_tags(text)
         text = tags[-1] if tags else text
     config = [
         mv.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=True),
@@ -203,7 +208,7 @@ def _safe_eval(expr: str) -> tuple[Fraction, list[int]] | None:
 
 
 def _countdown_expr(text: str) -> str:
-    tags = _ANSWER_TAG.findall(text)
+    tags = answer_tags(text)
     expr = tags[-1] if tags else (text.strip().splitlines() or [""])[-1]
     return expr.split("=")[0].strip()  # '3 * 4 + 5 = 17' -> '3 * 4 + 5'
 

@@ -28,23 +28,21 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpo.rewards.base import RewardValues, completion_text, register_reward
+from grpo.scan import fenced_blocks
 from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, parse_tests, resolve_backend
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
 logger = logging.getLogger("grpo.rewards")
 
-_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
 def extract_code(text: str) -> str | None:
-    """The last fenced code block tagged python/py (or untagged) in `text`; None if there is none."""
-    blocks = [body for lang, body in _FENCE.findall(text)]
+    """The last fenced code block tagged python/python3/py (or untagged) in `text`; None if there is none. Linear in
+    the text (grpo.scan.fenced_blocks; a regex here backtracked for seconds on a fence followed by spaces)."""
+    blocks = [body for info, body in fenced_blocks(text) if info in ("", "python", "python3", "py")]
     return blocks[-1] if blocks else None
 
 

@@ -19,9 +19,10 @@ _TAGS = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL
 
 
 def _tags_ok(text: str) -> bool:
-    if not _TAGS.fullmatch(text):
+    # each tag exactly once first (linear): then the pattern has one way to match and cannot backtrack
+    if not all(text.count(t) == 1 for t in ("<think>", "</think>", "<answer>", "</answer>")):
         return False
-    return all(text.count(t) == 1 for t in ("<think>", "</think>", "<answer>", "</answer>"))
+    return bool(_TAGS.fullmatch(text))
 
 
 @register_reward("format_tags")

@@ -84,7 +84,16 @@ def reward_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
 
 
 class _Invalid(Exception):
-    """A reward function broke the output contract (length, type, NaN/inf)."""
+    """A reward function broke the output contract (length, type)."""
+
+
+class _Unstorable(str):
+    """One value that cannot be stored as a reward (NaN, inf, past reward.max_abs, past float32): the reason. The
+    sample gets no value from that function (missing), counted in reward/<fn>/invalid_frac."""
+
+
+DEFAULT_MAX_ABS = 1e6
+_F32_MAX = 3.4028234663852886e38
 
 
 @dataclass
@@ -95,6 +104,7 @@ class _Outcome:
     last_tb: str | None = None
     invalid: str | None = None
     extras: dict[str, list[float | None]] = field(default_factory=dict)  # per-sample side metrics (RewardValues)
+    unstorable: str | None = None  # the first reason a value could not be stored (that sample: invalid)
 
 
 @dataclass
@@ -128,9 +138,11 @@ def _call(fn: Callable[..., Any], batch: _Batch) -> Any:
     return out
 
 
-def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | None]:
-    """Check a function's output against the contract; -> N floats or None (a RewardValues, with its checked
-    extras, when the function returned one). Raises _Invalid naming the index."""
+def _normalize(name: str, out: Any, n: int, offset: int = 0,
+               max_abs: float = DEFAULT_MAX_ABS) -> list[float | None | _Unstorable]:
+    """Check a function's output against the contract; -> N floats, None, or _Unstorable (a value that cannot be
+    stored: NaN, inf, |x| > max_abs, past float32; its reason) (a RewardValues, with its checked extras, when the
+    function returned one). Raises _Invalid (the whole output: its length or a non-numeric value) naming the index."""
     if isinstance(out, RewardValues):
         extras = {}
         for key, vals in out.extras.items():
@@ -138,7 +150,7 @@ def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | Non
             if len(vals) != n or any(v is not None and not isinstance(v, numbers.Real) for v in vals):
                 raise _Invalid(f"reward function {name!r} returned extras[{key!r}] that is not {n} numbers or None")
             extras[key] = [None if v is None else float(v) for v in vals]
-        return RewardValues(_normalize(name, list(out), n, offset), extras)
+        return RewardValues(_normalize(name, list(out), n, offset, max_abs), extras)
     if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
@@ -156,20 +168,31 @@ def _normalize(name: str, out: Any, n: int, offset: int = 0) -> list[float | Non
             v = v.item()
         if not isinstance(v, numbers.Real):
             raise _Invalid(f"reward function {name!r} returned a non-numeric value {v!r:.60} at index {offset + j}")
-        x = float(v)
-        if not math.isfinite(x):
-            raise _Invalid(
-                f"reward function {name!r} returned {x} at index {offset + j} "
-                "(NaN/inf are errors; return None for no signal)"
-            )
-        values.append(x)
+        values.append(_storable(name, v, offset + j, max_abs))
     return values
 
 
-def _guarded(name: str, fn: Callable[..., Any], batch: _Batch, offset: int = 0) -> tuple[str, Any]:
+def _storable(name: str, v: numbers.Real, index: int, max_abs: float) -> float | _Unstorable:
+    """v as the float32 it will be stored as, or why it cannot be: checked before any conversion can overflow."""
+    if isinstance(v, numbers.Integral) and abs(int(v)) > max_abs:  # 10**400 never reaches float()
+        return _Unstorable(f"reward function {name!r} returned an integer of {len(str(abs(int(v))))} digits at "
+                           f"index {index}, past reward.max_abs={max_abs:g}")
+    try:
+        x = float(v)
+    except (OverflowError, ValueError) as e:
+        return _Unstorable(f"reward function {name!r} returned {v!r:.40} at index {index}: {e}")
+    if not math.isfinite(x) or abs(x) > max_abs or abs(x) > _F32_MAX:
+        why = "NaN/inf" if not math.isfinite(x) else f"|x| > reward.max_abs={max_abs:g}"
+        return _Unstorable(f"reward function {name!r} returned {x} at index {index} ({why}; the sample gets no value "
+                           "from it: return None for no signal)")
+    return x
+
+
+def _guarded(name: str, fn: Callable[..., Any], batch: _Batch, offset: int = 0,
+             max_abs: float = DEFAULT_MAX_ABS) -> tuple[str, Any]:
     """Call and normalize, catching everything. -> ("ok", values) | ("invalid", msg) | ("raised", traceback)."""
     try:
-        return "ok", _normalize(name, _call(fn, batch), batch.n, offset)
+        return "ok", _normalize(name, _call(fn, batch), batch.n, offset, max_abs)
     except _Invalid as e:
         return "invalid", str(e)
     except BaseException:  # noqa: BLE001 - a reward function may raise anything, SystemExit included
@@ -193,9 +216,13 @@ class RewardRunner:
         timeout_s: float = 10.0,
         max_failure_frac: float = 0.5,
         retry_per_sample: bool = True,
+        max_abs: float = DEFAULT_MAX_ABS,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if not 0 < max_abs <= _F32_MAX:
+            raise ValueError(f"max_abs must be in (0, {_F32_MAX:.3g}] (rewards are stored as float32), got {max_abs!r}")
+        self.max_abs = float(max_abs)
         if not 0.0 <= max_failure_frac <= 1.0:
             raise ValueError(f"max_failure_frac must be in [0, 1], got {max_failure_frac!r}")
         self.specs = [self._spec(f) for f in functions]
@@ -278,6 +305,8 @@ class RewardRunner:
                     out.status = ["timeout" if kind == "timeout" else "error"] * batch.n
                     out.last_tb = payload if kind == "raised" else None
         out.seconds = time.monotonic() - t0
+        if out.unstorable:
+            self._note(spec.name, "unstorable", out.unstorable)
         if spec.in_process and out.seconds > self._timeout(spec):
             self._note(
                 spec.name,
@@ -293,8 +322,9 @@ class RewardRunner:
     def _whole(self, spec: RewardSpec, batch: _Batch) -> tuple[str, Any]:
         """One call on the whole batch. -> (ok | invalid | raised | timeout | crashed, payload)."""
         if spec.in_process:
-            return _guarded(spec.name, spec.fn, batch)
-        res = run_forked(lambda emit: emit(_guarded(spec.name, spec.fn, batch)), self._timeout(spec), self._live)
+            return _guarded(spec.name, spec.fn, batch, max_abs=self.max_abs)
+        res = run_forked(lambda emit: emit(_guarded(spec.name, spec.fn, batch, max_abs=self.max_abs)),
+                         self._timeout(spec), self._live)
         if res.messages:
             return res.messages[0]
         if res.timed_out:
@@ -305,14 +335,14 @@ class RewardRunner:
         """Retry one sample at a time: in-process, or streamed from forked children within one more timeout_s."""
         if spec.in_process:
             for i in range(batch.n):
-                self._record(spec, out, i, _guarded(spec.name, spec.fn, batch.one(i), offset=i))
+                self._record(spec, out, i, _guarded(spec.name, spec.fn, batch.one(i), offset=i, max_abs=self.max_abs))
             return
         todo = list(range(batch.n))
         deadline = time.monotonic() + self._timeout(spec)
 
         def body(emit: Callable[[Any], None]) -> None:
             for i in list(todo):
-                emit((i, _guarded(spec.name, spec.fn, batch.one(i), offset=i)))
+                emit((i, _guarded(spec.name, spec.fn, batch.one(i), offset=i, max_abs=self.max_abs)))
 
         while todo:
             left = deadline - time.monotonic()
@@ -342,9 +372,13 @@ class RewardRunner:
             self._note(spec.name, kind, payload)
 
     @staticmethod
-    def _fill(out: _Outcome, indices: Sequence[int], values: list[float | None]) -> None:
+    def _fill(out: _Outcome, indices: Sequence[int], values: list[float | None | _Unstorable]) -> None:
         indices = list(indices)
         for i, v in zip(indices, values, strict=True):
+            if isinstance(v, _Unstorable):
+                out.values[i], out.status[i] = None, "invalid"
+                out.unstorable = out.unstorable or str(v)
+                continue
             out.values[i] = v
             out.status[i] = "none" if v is None else "ok"
         for key, vals in getattr(values, "extras", {}).items():
@@ -355,11 +389,13 @@ class RewardRunner:
     def _note(self, name: str, kind: str, detail: str) -> None:
         """Log a failure: the full traceback once per (function, exception type), then only at DEBUG."""
         last = detail.strip().splitlines()[-1] if detail.strip() else kind
-        key = (name, kind if kind != "raised" else last.split(":")[0])
+        key = (name, kind if kind not in ("raised", "unstorable") else last.split(":")[0])
         level = logging.DEBUG if key in self._logged else logging.WARNING
         self._logged.add(key)
         if kind == "timeout":
             logger.log(level, "reward function %r timed out (%s); its samples are retried one at a time", name, detail)
+        elif kind == "unstorable":
+            logger.log(level, "%s (counted in reward/%s/invalid_frac)", detail, name)
         elif kind in ("crashed", "slow"):
             logger.log(level, "reward function %r: %s", name, detail)
         else:
@@ -389,6 +425,7 @@ class RewardRunner:
             metrics[f"reward/{name}/missing_frac"] = float((~present).float().mean()) if n else 0.0
             metrics[f"reward/{name}/error_frac"] = o.status.count("error") / n if n else 0.0
             metrics[f"reward/{name}/timeout_frac"] = o.status.count("timeout") / n if n else 0.0
+            metrics[f"reward/{name}/invalid_frac"] = o.status.count("invalid") / n if n else 0.0
             metrics[f"reward/{name}/s"] = o.seconds
             for key, vals in o.extras.items():
                 got = [v for v in vals if v is not None]

@@ -6,36 +6,46 @@
 
 Forms (a row's `tests`: one string of test code, a list of such strings, or I/O dicts):
   call checks   `assert EXPR` where every piece of EXPR that runs the program's code is a call (or an attribute)
-                the checker cannot evaluate itself: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those
-                pieces ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected
-                literal, abs/len/sorted/set/round/math.isclose, arithmetic, indexing) is evaluated here, in the
-                trainer, by `evaluate_check` over the holes' values. The expected values never enter the sandbox.
-                HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point.
+                of a name the program defines: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those pieces
+                ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected value,
+                abs/len/sorted/set/range/round/isclose/math.*, a few str methods of literals, arithmetic, indexing)
+                is evaluated here, in the trainer, with the trainer's own builtins, by `evaluate_check` over the
+                holes' values. The expected side comes from the test text alone: a comparison (or isclose) whose
+                both sides call the program, or a call of a module the test imports (numpy, ...), cannot be judged
+                here and makes the test unverifiable. The expected values never enter the sandbox.
+                HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point;
+                a function named like a builtin (entry_point="max") is the program's, never ours.
                 Imports become a prelude the sandbox runs after the solution; `NAME = <literal>` is substituted.
   I/O checks    {"input": str, "output": str} (or APPS' {"inputs": [...], "outputs": [...]}): the program reads
                 stdin; its stdout is compared here, whitespace-normalised.
   unverifiable  anything else (loops, helper functions, assignments of computed values, `assert` over names the
                 checker cannot see): the test source runs in the sandbox as before and the program's own process
                 reports whether it raised. That verdict can be forged (docs/rewards.md, threat model).
-An assert with no hole at all (`assert True`) does not depend on the program and is dropped.
+An assert that calls nothing (`assert True`) does not involve the program and is dropped; one that calls only
+builtins (`assert max([1, 5, 3]) == 5`, where the program may define `max`) is unverifiable, never dropped.
+
+Comparison (values_equal, io_equal) and evaluation live in judge.py: exact by default, within a byte budget.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.sandbox.judge import ABS_FLOOR, MAX_BUILD_BYTES, HoleFailed, evaluate_check, io_equal, values_equal
+
 __all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "values_equal", "io_equal",
-           "HoleFailed"]
+           "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES"]
 
 # calls the checker evaluates itself, on plain values (never the program's function of the same name)
 _SAFE_CALLS = {"abs", "len", "round", "sorted", "set", "frozenset", "tuple", "list", "min", "max", "sum", "all",
-               "any", "float", "int", "str", "bool", "isclose"}
-_MAX_REPEAT = 100_000  # [0] * n: n at most this
-_MAX_POW = 64  # x ** k: |k| at most this, k a literal
+               "any", "float", "int", "str", "bool", "isclose", "range", "dict"}
+_MATH_CALLS = {"isclose", "sqrt", "fabs", "floor", "ceil", "log", "exp", "pow", "gcd", "factorial", "comb", "hypot"}
+_STR_METHODS = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "title", "capitalize", "startswith",
+                "endswith", "isdigit", "isalpha", "swapcase", "casefold"}  # called on a literal string: ours
+
 
 
 @dataclass(frozen=True)
@@ -66,10 +76,6 @@ class TestPlan:
     @property
     def n(self) -> int:
         return len(self.calls) + len(self.io) + len(self.unverifiable)
-
-
-class HoleFailed(Exception):
-    """A hole the check needs raised in the sandbox, was not serialisable, or has no value."""
 
 
 class _Unsupported(Exception):
@@ -119,8 +125,8 @@ def _text(v: Any, name: str) -> str:
 
 
 def _add_source(plan: TestPlan, src: str, entry_point: str | None) -> None:
-    """Add one string of test code: all its asserts as call checks if every statement is supported, else the
-    whole string as one unverifiable test."""
+    """Add one string of test code: all its asserts as call checks if every statement is supported (an assert the
+    checker cannot place makes the whole string one unverifiable test)."""
     try:
         module = ast.parse(src)
     except SyntaxError:
@@ -159,7 +165,7 @@ def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_p
           and _is_literal(stmt.value, consts)):
         consts[stmt.targets[0].id] = _substitute(stmt.value, consts, {})
     elif isinstance(stmt, ast.Assert):
-        check = _call_check(stmt, consts)
+        check = _call_check(stmt, consts, {entry_point} - {None}, _imported(prelude))
         if check is not None:
             calls.append(check)
     elif top and isinstance(stmt, ast.FunctionDef) and stmt.name == "check":
@@ -201,31 +207,82 @@ def _copy(node: ast.AST) -> ast.AST:
     return ast.parse(ast.unparse(node), mode="eval").body if isinstance(node, ast.expr) else node
 
 
-def _call_check(stmt: ast.Assert, consts: dict) -> CallCheck | None:
-    """The assert as a CallCheck, None when it has no hole (it does not depend on the program), or _Unsupported."""
+def _imported(prelude: list[str]) -> set[str]:
+    """The names the test's imports bind (`import numpy as np` -> np): library code, never the program's."""
+    names = set()
+    for line in prelude:
+        for node in ast.walk(ast.parse(line)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _call_check(stmt: ast.Assert, consts: dict, program: set[str], imported: set[str]) -> CallCheck | None:
+    """The assert as a CallCheck; None when it calls nothing at all (`assert True`: no program involved); or
+    _Unsupported: calls but no hole (it may test a builtin-named function of the program: `assert max([1, 5]) ==
+    5`), a hole that is not the program's code, or an expected side that calls the program."""
     test = _substitute(stmt.test, consts, {})
-    holes: list[str] = []
-    shaped = _Holes(holes).visit(test)
-    if not holes:
+    if not any(isinstance(n, ast.Call) for n in ast.walk(test)):
         return None
+    holes: list[str] = []
+    shaped = _Holes(holes, program, imported).visit(test)
+    if not holes or not _one_sided(shaped):
+        raise _Unsupported
     return CallCheck(ast.unparse(ast.Assert(stmt.test, None)), tuple(holes), ast.fix_missing_locations(shaped))
 
 
-class _Holes(ast.NodeTransformer):
-    """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside."""
+def _has_hole(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and n.id.startswith("__hole_") for n in ast.walk(node))
 
-    def __init__(self, holes: list[str]) -> None:
-        self.holes = holes
+
+def _one_sided(node: ast.expr) -> bool:
+    """Whether every comparison in `node` has its expected side free of the program: of a comparison's two
+    operands (or isclose's two values) at most one calls the program."""
+    if isinstance(node, ast.Compare):
+        return sum(map(_has_hole, [node.left, *node.comparators])) <= 1  # `0 < f(1) <= 2` too
+    if isinstance(node, ast.Call) and _name(node.func) == "isclose":
+        return sum(map(_has_hole, node.args[:2])) <= 1 and not any(_has_hole(k.value) for k in node.keywords)
+    if isinstance(node, ast.UnaryOp):
+        return _one_sided(node.operand)
+    if isinstance(node, ast.BoolOp):
+        return all(_one_sided(v) for v in node.values)
+    return True
+
+
+def _name(f: ast.expr) -> str | None:
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute/call/subscript chain starts from (`Stack().push(1).size` -> 'Stack'); None for a
+    literal receiver."""
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+class _Holes(ast.NodeTransformer):
+    """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside.
+    program: names that are the program's even when they look like builtins (the entry point); imported: module
+    names the test imports (their calls are library code: not judgeable here, not the program's)."""
+
+    def __init__(self, holes: list[str], program: set[str] = frozenset(), imported: set[str] = frozenset()) -> None:
+        self.holes, self.program, self.imported = holes, set(program), set(imported)
 
     def _hole(self, node: ast.expr) -> ast.Name:
+        root = _root(node)
+        if root is None or root in self.imported or root == "math":
+            raise _Unsupported  # library code or a method of a literal: neither the program's nor ours
         self.holes.append(ast.unparse(node))
         return ast.Name(f"__hole_{len(self.holes) - 1}__", ast.Load())
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
-        if not _safe_call(node):
+        if not _safe_call(node, self.program):
             return self._hole(node)
         if any(kw.arg is None for kw in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             raise _Unsupported
+        if isinstance(node.func, ast.Attribute) and not isinstance(node.func.value, ast.Name):  # "abc".upper()
+            node.func.value = self.visit(node.func.value)
         node.args = [self.visit(a) for a in node.args]
         for kw in node.keywords:
             kw.value = self.visit(kw.value)
@@ -250,187 +307,14 @@ _ALLOWED = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, a
             ast.boolop, ast.cmpop, ast.expr_context)
 
 
-def _safe_call(node: ast.Call) -> bool:
+def _safe_call(node: ast.Call, program: set[str] = frozenset()) -> bool:
+    """Whether the checker evaluates this call itself: a builtin of _SAFE_CALLS (not a name the program owns, such
+    as its entry point), math.<function>, or a str method of a literal string."""
     f = node.func
     if isinstance(f, ast.Name):
-        return f.id in _SAFE_CALLS and f.id != "isclose"
-    return (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
-            and f.attr in ("isclose", "sqrt", "fabs", "floor", "ceil"))
-
-
-# ------------------------------------------------------------------------------------------------- evaluating
-
-
-def evaluate_check(check: CallCheck, values: dict[int, Any], float_tol: float = 0.0) -> bool:
-    """True if the assertion holds for the holes' `values` (hole index -> plain value; a missing index is a hole
-    that failed). Equality compares floats with math.isclose(rel_tol=abs_tol=float_tol). Never raises."""
-    try:
-        return bool(_Eval(values, float_tol).run(check.test))
-    except Exception:  # noqa: BLE001 - a type error, a missing hole, a huge repeat: the test fails
+        return f.id in _SAFE_CALLS and f.id not in program
+    if not isinstance(f, ast.Attribute):
         return False
-
-
-class _Eval:
-    def __init__(self, values: dict[int, Any], tol: float) -> None:
-        self.values, self.tol = values, tol
-
-    def run(self, n: ast.expr) -> Any:  # noqa: C901 - one case per node type
-        if isinstance(n, ast.Constant):
-            return n.value
-        if isinstance(n, ast.Name):
-            k = int(n.id.removeprefix("__hole_").removesuffix("__"))
-            if k not in self.values:
-                raise HoleFailed(k)
-            return self.values[k]
-        if isinstance(n, (ast.Tuple, ast.List, ast.Set)):
-            items = [self.run(e) for e in n.elts]
-            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(n)](items)
-        if isinstance(n, ast.Dict):
-            if any(k is None for k in n.keys):
-                raise ValueError("** in a dict display")
-            return {self.run(k): self.run(v) for k, v in zip(n.keys, n.values)}
-        if isinstance(n, ast.UnaryOp):
-            v = self.run(n.operand)
-            if isinstance(n.op, ast.Not):
-                return not v
-            _number(v)
-            return {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Invert: lambda x: ~x}[type(n.op)](v)
-        if isinstance(n, ast.BinOp):
-            return _binop(n, self.run(n.left), self.run(n.right))
-        if isinstance(n, ast.BoolOp):
-            v = None
-            for e in n.values:
-                v = self.run(e)
-                if isinstance(n.op, ast.And) != bool(v):
-                    return v
-            return v
-        if isinstance(n, ast.IfExp):
-            return self.run(n.body) if self.run(n.test) else self.run(n.orelse)
-        if isinstance(n, ast.Compare):
-            left = self.run(n.left)
-            for op, e in zip(n.ops, n.comparators):
-                right = self.run(e)
-                if not self._compare(op, left, right):
-                    return False
-                left = right
-            return True
-        if isinstance(n, ast.Subscript):
-            return self.run(n.value)[self.run(n.slice)]
-        if isinstance(n, ast.Slice):
-            return slice(*(None if e is None else self.run(e) for e in (n.lower, n.upper, n.step)))
-        if isinstance(n, ast.Call):
-            return self._call(n)
-        raise ValueError(f"unsupported node {type(n).__name__}")
-
-    def _compare(self, op: ast.cmpop, a: Any, b: Any) -> bool:
-        if isinstance(op, ast.Eq):
-            return values_equal(a, b, self.tol)
-        if isinstance(op, ast.NotEq):
-            return not values_equal(a, b, self.tol)
-        if isinstance(op, (ast.Is, ast.IsNot)):
-            if not any(x is None or x is True or x is False for x in (a, b)):
-                raise ValueError("`is` with something other than None/True/False")
-            return (a is b) == isinstance(op, ast.Is)
-        return {ast.Lt: lambda: a < b, ast.LtE: lambda: a <= b, ast.Gt: lambda: a > b, ast.GtE: lambda: a >= b,
-                ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[type(op)]()
-
-    def _call(self, n: ast.Call) -> Any:
-        name = n.func.id if isinstance(n.func, ast.Name) else n.func.attr
-        args = [self.run(a) for a in n.args]
-        kwargs = {kw.arg: self.run(kw.value) for kw in n.keywords}
-        if name == "isclose":
-            return math.isclose(*args, **kwargs)
-        if name in ("sqrt", "fabs", "floor", "ceil"):
-            return getattr(math, name)(*args)
-        if name == "sorted":
-            if set(kwargs) - {"reverse"}:
-                raise ValueError("sorted(key=...)")
-        elif kwargs:
-            raise ValueError(f"{name}() with keywords")
-        if name == "int" and len(args) == 1 and isinstance(args[0], str) and len(args[0]) > 4000:
-            raise ValueError("int() of a huge string")
-        return getattr(builtins, name)(*args, **kwargs)
-
-
-def _number(v: Any) -> None:
-    if type(v) not in (int, float, bool):
-        raise TypeError(f"arithmetic on {type(v).__name__}")
-
-
-def _binop(n: ast.BinOp, a: Any, b: Any) -> Any:
-    op = type(n.op)
-    if op is ast.Add:
-        if type(a) in (str, list, tuple) and type(a) is type(b):
-            return a + b
-        _number(a), _number(b)
-        return a + b
-    if op is ast.Mult:
-        seq = [x for x in (a, b) if type(x) in (str, list, tuple)]
-        if seq:
-            k = b if seq[0] is a else a
-            if type(k) is not int or abs(k) > _MAX_REPEAT or len(seq) != 1:
-                raise ValueError("sequence repeated by a non-int or too many times")
-            return a * b
-        _number(a), _number(b)
-        return a * b
-    if op is ast.Pow:
-        if not isinstance(n.right, ast.Constant) or type(b) is not int or abs(b) > _MAX_POW:
-            raise ValueError("** needs a small literal exponent")
-        _number(a)
-        return a**b
-    _number(a), _number(b)
-    fns = {ast.Sub: lambda: a - b, ast.Div: lambda: a / b, ast.FloorDiv: lambda: a // b, ast.Mod: lambda: a % b}
-    if op not in fns:
-        raise ValueError(f"operator {op.__name__}")
-    return fns[op]()
-
-
-def values_equal(a: Any, b: Any, tol: float = 0.0) -> bool:
-    """Python's == on plain values (1 == 1.0 == True, [1] != (1,)), except that where one side is a float the
-    numbers compare with math.isclose(rel_tol=tol, abs_tol=tol) when tol > 0. Depth-limited: never recurses past
-    the depth the wire format allows."""
-    return _equal(a, b, tol, 0)
-
-
-def _equal(a: Any, b: Any, tol: float, depth: int) -> bool:
-    if depth > 100:
-        raise RecursionError("values nested too deeply")
-    ta, tb = type(a), type(b)
-    if tol > 0 and (ta is float or tb is float) and ta in (int, float, bool) and tb in (int, float, bool):
-        return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
-    if ta in (list, tuple) or tb in (list, tuple):
-        return ta is tb and len(a) == len(b) and all(_equal(x, y, tol, depth + 1) for x, y in zip(a, b))
-    if ta is dict or tb is dict:
-        return ta is tb and a.keys() == b.keys() and all(_equal(a[k], b[k], tol, depth + 1) for k in a)
-    return a == b
-
-
-def io_equal(got: str, want: str, tol: float = 0.0) -> bool:
-    """Stdout against the expected output, whitespace-normalised: leading/trailing blank lines and spaces at the
-    ends of lines are ignored, runs of spaces inside a line count as one. With tol > 0, tokens that both parse as
-    numbers and are not both integers compare with math.isclose."""
-    g, w = _lines(got), _lines(want)
-    if g == w:
-        return True
-    if tol <= 0 or len(g) != len(w):
-        return False
-    for gl, wl in zip(g, w):
-        gt, wt = gl.split(" "), wl.split(" ")
-        if len(gt) != len(wt):
-            return False
-        for x, y in zip(gt, wt):
-            if x != y and not _close_tokens(x, y, tol):
-                return False
-    return True
-
-
-def _lines(s: str) -> list[str]:
-    return [" ".join(line.split()) for line in s.strip().splitlines()]
-
-
-def _close_tokens(x: str, y: str, tol: float) -> bool:
-    try:
-        fx, fy = float(x), float(y)
-    except ValueError:
-        return False
-    return math.isclose(fx, fy, rel_tol=tol, abs_tol=tol)
+    if isinstance(f.value, ast.Name):
+        return f.value.id == "math" and f.attr in _MATH_CALLS and "math" not in program
+    return f.attr in _STR_METHODS and isinstance(f.value, ast.Constant) and type(f.value.value) is str

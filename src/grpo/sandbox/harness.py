@@ -37,6 +37,7 @@ __all__ = ["build_harness", "read_frame", "Frame", "SETUP_FAILED", "MAX_PAYLOAD"
 SETUP_FAILED = 3  # the parent's exit code when it could not set itself up (before any program code ran)
 MAX_PAYLOAD = 48 * 1024  # bytes of result lines kept (the sandbox keeps 64 KiB of stdout)
 _HEADER = re.compile(rb"GRPO-FRAME ([0-9a-f]{64}) ([a-z0-9]{1,16}) ([0-9]{1,9})\n")
+_INDEX = re.compile(r"[0-9]{1,6}")  # a result line's index: ASCII digits only
 
 _TEMPLATE = r'''
 import os, sys, time
@@ -218,12 +219,12 @@ def read_frame(stdout: str, key: bytes, n_items: int) -> Frame | None:
     lines = text.split("\n")
     complete = len(lines) >= 2 and lines[-2] == "end" and lines[-1] == ""
     results: dict[int, tuple[bool, str]] = {}
-    for line in lines:
+    for line in lines:  # the child wrote these lines (the parent only signs them): exactly the harness's format
         if line in ("", "end"):
             continue
         parts = line.split(" ", 2)
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("0", "1"):
-            return None
+        if len(parts) != 3 or not _INDEX.fullmatch(parts[0]) or parts[1] not in ("0", "1"):
+            return None  # '²'.isdigit() is True but int('²') raises: ASCII digits only, at most 6
         k = int(parts[0])
         if k >= n_items or k in results:
             return None

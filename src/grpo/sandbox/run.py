@@ -105,7 +105,7 @@ def run_python(
         raise ValueError(f"memory_mb must be >= 64 (the interpreter needs it), got {memory_mb!r}")
     if max_processes < 1:
         raise ValueError(f"max_processes must be >= 1, got {max_processes!r}")
-    named = backend or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    named = backend or _env_backend()
     if named is not None and named not in BACKENDS:
         raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
     if named is not None:
@@ -147,7 +147,7 @@ def resolve_backend(named: str | None = None) -> str:
     """The backend a call runs under: `named` (or GRPO_SANDBOX_BACKEND) as is; else bwrap when it works; else, in
     mode unsafe_local, the first fallback that works. Raises SandboxUnavailable (saying how to install bubblewrap)
     when nothing may run. A fallback logs a WARNING once per process."""
-    named = named or os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    named = named or _env_backend()
     if named is not None:
         if named not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {named!r}; known: {', '.join(BACKENDS)}")
@@ -167,6 +167,19 @@ def resolve_backend(named: str | None = None) -> str:
         "machine you can afford to expose to the program, run the unsafe fallback by name: reward.sandbox="
         "unsafe_local (config), or backend='unshare'/'rlimit' / GRPO_SANDBOX_BACKEND (docs/rewards.md)"
     )
+
+
+def _env_backend() -> str | None:
+    """GRPO_SANDBOX_BACKEND, unless the config named bwrap (reward.sandbox=bwrap): then the config wins, with a
+    warning, and bubblewrap it is (an environment variable left over from another job never lowers a config that
+    asked for isolation)."""
+    env = os.environ.get("GRPO_SANDBOX_BACKEND") or None
+    if env is not None and _mode[0] == "bwrap" and env != "bwrap":
+        if ("env", env) not in _warned_unsafe:
+            _warned_unsafe.add(("env", env))
+            logger.warning("GRPO_SANDBOX_BACKEND=%s is ignored: reward.sandbox=bwrap names bubblewrap", env)
+        return "bwrap"
+    return env
 
 
 def _warn_unsafe(backend: str, why: str) -> None:

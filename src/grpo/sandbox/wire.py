@@ -1,9 +1,11 @@
 """The strict serializer that brings a test call's value out of the sandbox.
 
-Inside the sandbox the harness encodes a value with ENCODER_SRC (exact built-in types only: `type(x) is int`, never
-isinstance, so an int subclass or an object with a custom __eq__ is refused); here `decode` rebuilds it from the
-text with the trainer's own json parser and the same type rules. Nothing of the program's survives the trip: what
-comes back is made of fresh built-in objects, so the comparison with the expected value runs only trusted code.
+Inside the sandbox the harness encodes a value with ENCODER_SRC: the built-in types, and what an honest program
+returns for them, as the plain value it stands for (an int or float subclass by the base type's own repr, a
+namedtuple as a tuple, a Counter or OrderedDict as a dict, a numpy scalar or array through .item()/.tolist());
+anything else is refused. Here `decode` rebuilds it from the text with the trainer's own json parser and strict
+type rules. Nothing of the program's survives the trip: what comes back is made of fresh built-in objects, so the
+comparison with the expected value runs only trusted code (a subclass's custom __eq__ never reaches it).
 
 Wire format (a JSON value): null, true, false, integers, floats (NaN, Infinity, -Infinity), strings and arrays
 (a Python list) as in JSON; every JSON object is a tagged container with exactly one key:
@@ -34,6 +36,7 @@ def _grpo_make_encoder(max_depth, max_chars):
     _type, _repr_int, _repr_float, _len, _join = type, int.__repr__, float.__repr__, len, ",".join
     _I, _F, _S, _B, _N, _L, _T, _D, _SET, _FS = int, float, str, bool, type(None), list, tuple, dict, set, frozenset
     _specials = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+    _isinstance, _getattr, _dict_items, _str_len, _str_str = isinstance, getattr, dict.items, str.__len__, str.__str__
     _ValueError = ValueError
 
     def enc(v, depth=0):
@@ -44,25 +47,33 @@ def _grpo_make_encoder(max_depth, max_chars):
             return "null"
         if t is _B:
             return "true" if v else "false"
-        if t is _I:
+        if _isinstance(v, _I):
             return _repr_int(v)
-        if t is _F:
+        if _isinstance(v, _F):
             r = _repr_float(v)
             return _specials.get(r, r)
-        if t is _S:
-            if _len(v) > max_chars:
+        if _isinstance(v, _S):
+            if _str_len(v) > max_chars:
                 raise _ValueError("string too long")
-            return _estr(v)
-        if t is _L or t is _T or t is _SET or t is _FS:
-            if _len(v) > max_chars:
-                raise _ValueError("too many items")
-            body = "[" + _join([enc(x, depth + 1) for x in v]) + "]"
-            return body if t is _L else '{"' + ("t" if t is _T else "s" if t is _SET else "f") + '":' + body + "}"
-        if t is _D:
-            if _len(v) > max_chars:
+            return _estr(_S(_str_str(v)))
+        for base, tag in ((_L, ""), (_T, "t"), (_SET, "s"), (_FS, "f")):
+            if _isinstance(v, base):
+                items = _L(v)
+                if _len(items) > max_chars:
+                    raise _ValueError("too many items")
+                body = "[" + _join([enc(x, depth + 1) for x in items]) + "]"
+                return body if not tag else '{"' + tag + '":' + body + "}"
+        if _isinstance(v, _D):
+            pairs = _L(_dict_items(v))
+            if _len(pairs) > max_chars:
                 raise _ValueError("too many items")
             return '{"d":[' + _join(["[" + enc(k, depth + 2) + "," + enc(x, depth + 2) + "]"
-                                     for k, x in v.items()]) + "]}"
+                                     for k, x in pairs]) + "]}"
+        if _getattr(t, "__module__", "") == "numpy":  # a numpy scalar or array: the plain value it holds
+            for name in ("tolist", "item"):
+                f = _getattr(v, name, None)
+                if f is not None:
+                    return enc(f(), depth + 1)
         raise _ValueError("type " + t.__name__ + " is not a plain value")
 
     def encode(v):

@@ -142,9 +142,11 @@ def _cause(name: str, metrics: dict[str, float]) -> str:
     """What the function did to its samples: returned None, timed out, raised, or a mix."""
     error = metrics.get(f"reward/{name}/error_frac", 0.0)
     timeout = metrics.get(f"reward/{name}/timeout_frac", 0.0)
-    none = max(0.0, metrics.get(f"reward/{name}/missing_frac", 0.0) - error - timeout)
+    invalid = metrics.get(f"reward/{name}/invalid_frac", 0.0)
+    none = max(0.0, metrics.get(f"reward/{name}/missing_frac", 0.0) - error - timeout - invalid)
     causes = [(none, "returned None"), (timeout, "timed out (reward.timeout_s)"),
-              (error, "raised (see the traceback logged above)")]
+              (error, "raised (see the traceback logged above)"),
+              (invalid, "returned values that cannot be stored (NaN, inf or past reward.max_abs; logged above)")]
     present = [(f, text) for f, text in causes if f > 1e-9]
     if len(present) == 1:
         return f"{present[0][1]} for every sample"

@@ -91,7 +91,7 @@ class Trainer:
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
         self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
         self.env_factory = task_environment(self.task, self.tokenizer)  # None: single-turn (train/episodes.py)
-        self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s,
+        self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
                                     max_failure_frac=cfg.reward.max_failure_frac)
         total_updates = cfg.train.steps * cfg.algo.epochs
         self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optim, total_updates)
