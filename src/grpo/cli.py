@@ -1,4 +1,4 @@
-"""The `grpo` command line: train, eval, compare, bench, report."""
+"""The `grpo` command line: train, eval, warmup, import-gguf, compare, bench, report."""
 
 from __future__ import annotations
 
@@ -122,6 +122,15 @@ def _eval(args) -> int:
     return 0
 
 
+def _import_gguf(args) -> int:
+    """`grpo import-gguf FILE DIR`: a GGUF file as a model directory (grpo.models.gguf)."""
+    from grpo.models.gguf import import_gguf
+
+    out = import_gguf(args.gguf, args.out_dir)
+    print(f"[grpo] wrote {out}: use it as model.name={out}")
+    return 0
+
+
 def _warmup(args) -> int:
     """`grpo warmup`: build the built-in model (grpo.warmup), measure it on held-out problems, write its recipe."""
     from rich.console import Console
@@ -210,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--output", help="directory to write (default ./warm-<task>)")
     w.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy in the recipe")
     w.set_defaults(func=_warmup)
+    g = sub.add_parser("import-gguf", help="a GGUF file (llama.cpp) as a model directory, dequantized to float32")
+    g.add_argument("gguf", help="the .gguf file")
+    g.add_argument("out_dir", help="the model directory to write (new or empty)")
+    g.set_defaults(func=_import_gguf)
     c = sub.add_parser("compare", help="PPO vs GRPO on the same work, measured")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides applied to every run, e.g. rollout.group_size=16")

@@ -1,6 +1,7 @@
-"""A plain question from a data file reaches the built-in model in the format it was warmed up on: its tokenizer
-carries a chat template (one newline after a user message), and data.plain_prompts=auto uses it for the built-in
-model's tokenizer only; a user's model keeps TRL's convention (plain text as is) unless asked."""
+"""A plain question from a data file reaches a model the way it reads a question at inference: data.plain_prompts=auto
+puts it through the tokenizer's chat template as one user turn whenever there is a template (the built-in model's:
+one newline after a user message; an instruct model's ChatML or Llama-3 turn), and leaves it as it is for a model
+without one; raw keeps the text, template insists (issue #27)."""
 
 from __future__ import annotations
 
@@ -61,13 +62,31 @@ def test_a_data_file_of_plain_questions_reads_as_written_with_the_built_in_model
     assert {p.text for p in raw.split("train", 100)} == {p.text.rstrip("\n") for p in task.split("train", 100)}
 
 
-def test_a_user_model_keeps_plain_text_unless_asked(tmp_path):
+LLAMA3 = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+          "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant"
+          "<|end_header_id|>\n\n{% endif %}")
+
+
+def test_an_instruct_model_gets_plain_questions_as_a_user_turn(tmp_path):
     path = write(tmp_path / "qa.jsonl", [(f"What is {a} + 1?", str(a + 1)) for a in range(20)])
     kw = dict(reward_functions=["exact_answer"], tokenizer=chat_tokenizer(), test_fraction=0.2)
-    auto = FileTask(str(path), **kw).split("train", 1)[0]
-    assert auto.text.startswith("What is ") and "<|im_start|>" not in auto.text  # TRL's convention
+    raw = FileTask(str(path), plain_prompts="raw", **kw).split("train", 1)[0]
+    assert raw.text.startswith("What is ") and "<|im_start|>" not in raw.text  # as it is: a base model's input
+    task = FileTask(str(path), **kw)
+    auto = task.split("train", 1)[0]
+    assert auto.text == f"<|im_start|>user\n{raw.text}<|im_end|>\n<|im_start|>assistant\n"  # ChatML turn
+    assert task.auto_templated and auto.templated
     forced = FileTask(str(path), plain_prompts="template", **kw).split("train", 1)[0]
-    assert forced.text == f"<|im_start|>user\n{auto.text}<|im_end|>\n<|im_start|>assistant\n"
+    assert forced.text == auto.text
+    llama = chat_tokenizer()
+    llama.chat_template = LLAMA3
+    auto = FileTask(str(path), **(kw | {"tokenizer": llama})).split("train", 1)[0]
+    assert auto.text == (f"{llama.bos_token or ''}<|start_header_id|>user<|end_header_id|>\n\n{raw.text}<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    plain = chat_tokenizer()
+    plain.chat_template = None  # a base model: no template, the text as it is
+    task = FileTask(str(path), **(kw | {"tokenizer": plain}))
+    assert task.split("train", 1)[0].text == raw.text and not task.auto_templated
     plain_tok = chat_tokenizer()
     plain_tok.chat_template = None
     with pytest.raises(DataFileError, match="data.plain_prompts=template but the tokenizer of model.name has no "

@@ -40,7 +40,7 @@ class DataConfig(_Section):
     prompt_column: str = Field("prompt", description="data.path column with the prompt: text or a list of messages")
     plain_prompts: Literal["auto", "template", "raw"] = Field(
         "auto", description="text prompts of data.path: template = one user message through the chat template, raw = "
-        "as is; auto = template when the tokenizer asks for it (the built-in model's does), else raw")
+        "as is (a base model's continuation); auto = template when the tokenizer has a chat template, else raw")
     answer_column: str | None = Field("answer", description="column passed to rewards as `answer`; None = none")
     test_path: str | None = Field(None, description="held-out file; None = a hash split of data.path's rows")
     test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="share of rows held out when no test_path")

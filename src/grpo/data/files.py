@@ -159,6 +159,7 @@ class FileTask:
             raise DataFileError(f"data.plain_prompts must be auto, template or raw, got {plain_prompts!r}")
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
         self.plain_prompts = plain_prompts
+        self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
@@ -270,7 +271,9 @@ class FileTask:
                 raise DataFileError(f"{uid}: data.plain_prompts=template but the tokenizer of model.name has no "
                                     "chat_template; use data.plain_prompts=raw or a model with a template")
             return True
-        return plain_prompts_use_template(self.tokenizer)
+        use = plain_prompts_use_template(self.tokenizer)
+        self.auto_templated = self.auto_templated or use  # the trainer says so once (data.plain_prompts=raw: off)
+        return use
 
     @property
     def tokenizer(self):
@@ -305,12 +308,13 @@ PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_
 
 
 def plain_prompts_use_template(tokenizer) -> bool:
-    """data.plain_prompts=auto: True when the tokenizer has a chat template and says (tokenizer_config.json's
-    `grpo_plain_prompts: template`, which the built-in model's tokenizer carries) that plain prompts are written
-    with it; a user's model keeps TRL's convention, plain text as is."""
+    """data.plain_prompts=auto: True when the tokenizer has a chat template. A question written as plain text is
+    what a user asks an instruct model, which expects it as a user turn (a real instruct model answered nothing
+    right given the raw text, 8% given the turn: issue #27); a model without a template (a base model) reads it as
+    is. tokenizer_config.json's `grpo_plain_prompts: raw` keeps a model's plain text as is."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return False
-    return getattr(tokenizer, "init_kwargs", {}).get(PLAIN_PROMPTS_KEY) == "template"
+    return getattr(tokenizer, "init_kwargs", {}).get(PLAIN_PROMPTS_KEY) != "raw"
 
 
 def _prompt_value(value, where: str, column: str, keep_empty: bool):

@@ -46,7 +46,8 @@ def builtin_spec(cfg) -> dict:
 def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
     """The directory holding the policy's weights and tokenizer. For the built-in model: the shipped one when
     the package has this config's model, else the cached one, made by `build(tmp_dir)` when missing (the
-    warm-up of grpo.warmup; without `build` a missing model is a ConfigError)."""
+    warm-up of grpo.warmup; without `build` a missing model is a ConfigError). A `.gguf` file: its dequantized
+    directory in $GRPO_CACHE (imported on first use)."""
     name = cfg.model.name
     if name == "builtin:tiny":
         from grpo.models.builtin import cached_model_dir, shipped_model_dir
@@ -65,6 +66,11 @@ def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
         return cached_model_dir(spec, build or missing)
     if name.startswith("builtin:"):
         raise ModelDirError(f"model.name: unknown built-in model {name!r}; the built-in one is 'builtin:tiny'")
+    if name.lower().endswith(".gguf"):  # a GGUF file: imported once into the cache (grpo.models.gguf)
+        from grpo.models.builtin import cache_root
+        from grpo.models.gguf import gguf_model_dir
+
+        return gguf_model_dir(name, cache_root())
     from grpo.models.checks import check_model_dir
 
     return check_model_dir(name, field="model.name")  # config, complete weights, tokenizer: ModelDirError if not

@@ -81,6 +81,10 @@ class Trainer:
         if console is not None and self.dist.rank == 0:
             console.print(f"[grpo] model {cfg.model.name} ({self.model_source}: {path}) loaded in {self.model_s:.1f} s",
                           soft_wrap=True, markup=False, highlight=False)
+        if getattr(self.task, "auto_templated", False) and cfg.model.name != "builtin:tiny":
+            print_note("data.plain_prompts=auto: the model's tokenizer has a chat template, so each plain-text prompt "
+                       "is one user turn through it, as the model sees a question at inference (evaluation and "
+                       "rewards see the same text); data.plain_prompts=raw feeds the text as it is", console)
         hint = small_model_note(default_notes, sum(p.numel() for p in self.policy.parameters()), cfg.model.lora_rank > 0)
         if hint is not None:
             print_note(hint, console)
