@@ -60,5 +60,5 @@ def test_compare_two_steps_json_has_every_field(tmp_path, monkeypatch, capsys):
              for k in RUNS}
     assert len(set(first.values())) == 1
     assert (out_dir / "plots" / "compare_accuracy.png").stat().st_size > 1000
-    for text in ("models needed", "baseline source", "peak RSS", "seconds per step", "held-out accuracy", "PPO"):
+    for text in ("models needed", "baseline source", "peak RSS", "seconds per step", "test accuracy", "PPO"):
         assert text in stdout

@@ -16,7 +16,7 @@ import pytest
 from grpo.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-TINY = ["warmup.steps=0", "train.steps=3", "train.eval_every=1", "eval.n=6", "rollout.prompts_per_step=2",
+TINY = ["warmup.steps=0", "train.preflight=warn", "train.steps=3", "train.eval_every=1", "eval.n=6", "rollout.prompts_per_step=2",
         "rollout.group_size=3", "rollout.max_new_tokens=6", "data.train_size=30", "log.progress=false"]
 
 PROBE = """<script>

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import grpo.train.loop as loop
@@ -109,3 +110,21 @@ def test_test_every_draws_a_test_curve_that_chooses_nothing(make_trainer, monkey
     assert [r.get("eval/accuracy") for r in rows] == [0.3, None, 0.95, None, 0.4]
     assert (summary["eval/best_step"], summary["eval/accuracy_best"], summary["eval/accuracy_after"]) == (3, 0.2, 0.4)
     assert sorted({s for s, split in calls if split == "test"}) == [0, 1, 2, 3, 4]  # 1, 3: new bests; 2: the curve
+
+
+def test_a_small_pool_that_refuses_larger_requests_gives_what_it_has():
+    """A task that raises past its pool (the built-in tasks, reasoning-gym) is asked for the most it can give:
+    the test problems stay its first eval.n, validation takes the rest."""
+    from grpo.train.evaluate import held_out_pool, split_held_out, test_problems
+
+    class Pool:
+        def split(self, name, n):
+            if n > 7:
+                raise ValueError(f"only 7 held-out problems, fewer than {n}")
+            return list(range(n))
+
+    assert held_out_pool(Pool(), 2, 200) == list(range(7))
+    assert split_held_out(held_out_pool(Pool(), 2, 200), 2, 200) == ([0, 1], [2, 3, 4, 5, 6])
+    assert test_problems(Pool(), 2, 200) == [0, 1]
+    with pytest.raises(ValueError, match="fewer than 9"):
+        held_out_pool(Pool(), 9, 0)

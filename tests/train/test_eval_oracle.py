@@ -190,7 +190,7 @@ def test_grpo_eval_reports_the_oracles_accuracy_for_each_task(cli_model, tmp_pat
     out = cli_eval([cli_model(arithmetic_answers(prompts, right)), "--n", n], capsys)
     assert (out["accuracy"], out["n"], out["task"]) == (expected(n, right), n, "arithmetic")
 
-    cfg = load_config(None, write_data_file(tmp_path))
+    cfg = load_config(None, [*write_data_file(tmp_path), "eval.val_n=0"])  # a short file: every held-out row is test
     prompts = task_from_config(cfg, tokenizer=build_tokenizer()).split("test", n)
     out = cli_eval([cli_model(arithmetic_answers(prompts, right), cfg), "--n", n], capsys)
     assert (out["accuracy"], out["n"], out["task"]) == (expected(n, right), n, "file")

@@ -182,6 +182,26 @@ def split_held_out(pool: list, n: int, val_n: int) -> tuple[list, list]:
     return pool[:len(pool) - keep], pool[len(pool) - keep:]
 
 
+def held_out_pool(task, n: int, val_n: int) -> list:
+    """The first n + val_n problems of the task's held-out split, or as many as its pool has past the first n: a
+    task whose pool is smaller and says so (the built-in tasks and reasoning-gym raise rather than return fewer)
+    is asked for the most it can give (a bisection between n and n + val_n)."""
+    try:
+        return task.split("test", n + val_n)
+    except ValueError:  # ConfigError is one: eval.n + eval.val_n past the pool
+        if not val_n:
+            raise
+    lo, hi = n, n + val_n - 1  # split(lo) must work (else its error is the user's: eval.n past the pool)
+    pool = task.split("test", lo)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            pool, lo = task.split("test", mid), mid
+        except ValueError:
+            hi = mid - 1
+    return task.split("test", lo) if len(pool) != lo else pool
+
+
 def test_problems(task, n: int, val_n: int) -> list:
     """The test problems of a run with eval.n = n and eval.val_n = val_n (split_held_out of the task's pool)."""
-    return split_held_out(task.split("test", n + val_n), n, val_n)[0]
+    return split_held_out(held_out_pool(task, n, val_n), n, val_n)[0]

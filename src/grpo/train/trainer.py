@@ -33,7 +33,7 @@ from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.rollout.episodes import run_episodes
-from grpo.train.evaluate import evaluate_model, split_held_out
+from grpo.train.evaluate import evaluate_model, held_out_pool, split_held_out
 from grpo.train.episodes import apply_env_rewards, env_limits, env_metrics, episode_columns, task_environment
 from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
@@ -68,7 +68,7 @@ class Trainer:
         self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
-        held_out = self._held_out_pool(cfg)  # test, then validation problems (split_held_out)
+        held_out = held_out_pool(self.task, cfg.eval.n, cfg.eval.val_n)  # test, then validation (split_held_out)
         reward_specs = self._reward_specs(reward_functions)
         self.train_prompts, held_out = check_rows(self.train_prompts, held_out, reward_specs, cfg)
         from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
@@ -263,17 +263,6 @@ class Trainer:
         return specs
 
     # ------------------------------------------------------------------ evaluation and the whole run
-    def _held_out_pool(self, cfg) -> list:
-        """The first eval.n + eval.val_n problems of the task's held-out split."""
-        want = cfg.eval.n + cfg.eval.val_n
-        try:
-            return self.task.split("test", want)
-        except (ValueError, ConfigError) as e:
-            if not cfg.eval.val_n:
-                raise
-            raise ConfigError(f"eval.n + eval.val_n = {cfg.eval.n} + {cfg.eval.val_n} = {want} held-out problems "
-                              f"asked for: {e}; lower eval.n or eval.val_n") from None
-
     def evaluate(self, progress=None, split: str = "test") -> dict:
         """Greedy pass@1 on the test problems (split="test", the reported result) or the validation problems
         ("val", for choosing); `progress(done, total)` after each batch of this process's share."""
