@@ -18,7 +18,7 @@ import psutil
 
 from grpo.sandbox.seccomp import build as seccomp_filter
 from grpo.sandbox.cleanup import finish_later, remove_tree
-from grpo.sandbox.command import command, sandbox_env
+from grpo.sandbox.command import TMPFS_BYTES, command, sandbox_env
 from grpo.sandbox.fork import exited as _exited
 
 STATUSES = ("passed", "failed", "timeout", "error", "sandbox_error")
@@ -31,6 +31,8 @@ MAX_FILE_BYTES = 16 * 1024 * 1024  # RLIMIT_FSIZE
 _UID_BASE = 0x70000000  # above the ranges systemd hands out to users and containers
 _STARTED = b"\x1e[grpo-sandbox: program started]\n"
 _KILL_GRACE_S = 1.0
+MAX_INODES = 20_000  # files (and directories) on each of the sandbox's tmpfs mounts (bwrap), checked from outside
+INODE_POLL_S = 0.02  # how often: a flood of ~70k files/s overshoots by ~1.4k
 _CLEANUP_S = 5.0  # at most this long (and never longer than the call's timeout) to delete a run's directory,
 # then the janitor (cleanup.py) gets more
 
@@ -128,7 +130,7 @@ def run_in(
             os.close(fd)
         fds.clear()
         deadline = t0 + timeout
-        out, err, timed_out, overflow = _communicate(proc, deadline)
+        out, err, timed_out, overflow = _communicate(proc, deadline, inode_watch=backend == "bwrap")
         if not (timed_out or overflow):
             timed_out = not _wait_exit(proc.pid, deadline)
         _kill_all(proc, backend, token, kill_first=timed_out or overflow)
@@ -168,11 +170,14 @@ class _Stream:
             self.head += data[:room]
 
 
-def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Stream, bool, bool]:
-    """Read both pipes until EOF, the deadline or an overflow, keeping the head of each.
+def _communicate(proc: subprocess.Popen, deadline: float,
+                 inode_watch: bool = False) -> tuple[_Stream, _Stream, bool, str | None]:
+    """Read both pipes until EOF, the deadline or an overflow, keeping the head of each. inode_watch (bwrap): every
+    INODE_POLL_S, the files of the sandbox's tmpfs mounts are counted, and more than MAX_INODES on one is an overflow.
 
-    -> (out, err, timed_out, overflow)"""
+    -> (out, err, timed_out, overflow: None, "output" or "inodes")"""
     streams = {proc.stdout.fileno(): _Stream(), proc.stderr.fileno(): _Stream()}
+    watch = _InodeWatch(proc.pid) if inode_watch else None
     sel = selectors.DefaultSelector()
     for fd in streams:
         os.set_blocking(fd, False)
@@ -187,7 +192,9 @@ def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Str
                 exited_at = now
             if exited_at is not None and now - exited_at > 0.5:
                 break  # the program is gone; something it left behind holds the pipes (rlimit backend)
-            for key, _ in sel.select(min(deadline - now, 0.1)):
+            if watch is not None and watch.over():
+                return *streams.values(), False, "inodes"
+            for key, _ in sel.select(min(deadline - now, INODE_POLL_S if watch is not None else 0.1)):
                 try:
                     data = os.read(key.fd, 1 << 16)
                 except BlockingIOError:
@@ -198,10 +205,43 @@ def _communicate(proc: subprocess.Popen, deadline: float) -> tuple[_Stream, _Str
                 s = streams[key.fd]
                 s.add(data)
                 if s.total > OUTPUT_LIMIT + len(_STARTED):
-                    return *streams.values(), False, True
+                    return *streams.values(), False, "output"
     finally:
         sel.close()
-    return *streams.values(), False, False
+    return *streams.values(), False, None
+
+
+class _InodeWatch:
+    """Counts the files on the sandbox's tmpfs mounts from outside: statvfs of /proc/<the namespace's init>/root/<mount>
+    (bubblewrap 0.8 caps a tmpfs's bytes, not its inodes, and a flood of empty files took +212 MB of kernel memory in
+    3 s). Checked at most every INODE_POLL_S, so the overshoot is what a program creates in that time."""
+
+    def __init__(self, wrapper_pid: int) -> None:
+        self.wrapper, self.init, self.next_at = wrapper_pid, None, 0.0
+
+    def over(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_at:
+            return False
+        self.next_at = now + INODE_POLL_S
+        if self.init is None:
+            try:
+                kids = psutil.Process(self.wrapper).children()
+            except psutil.Error:
+                return False
+            if not kids:
+                return False
+            self.init = kids[0].pid
+        for mount in ("/work", "/tmp", "/dev/shm"):
+            try:
+                st = os.statvfs(f"/proc/{self.init}/root{mount}")
+            except OSError:  # gone, or not ours to read: nothing to count
+                return False
+            if st.f_blocks * st.f_frsize != TMPFS_BYTES:
+                continue  # not (yet) the sandbox's own tmpfs: bwrap has not set up its root, or no such mount
+            if st.f_files - st.f_ffree > MAX_INODES:
+                return True
+        return False
 
 
 def _wait_exit(pid: int, deadline: float) -> bool:
@@ -249,7 +289,7 @@ def _sweep(token: str) -> None:
 
 
 def _result(
-    rc: int | None, out: _Stream, err: _Stream, timed_out: bool, overflow: bool, wall: float, backend: str
+    rc: int | None, out: _Stream, err: _Stream, timed_out: bool, overflow: str | None, wall: float, backend: str
 ) -> SandboxResult:
     started = err.head.startswith(_STARTED)
     err_head = err.head[len(_STARTED) :] if started else err.head
@@ -260,7 +300,8 @@ def _result(
         status = "timeout"
     elif overflow:
         status = "error"
-        stderr += f"\n[sandbox] killed: more than {OUTPUT_LIMIT} bytes of output on one stream"
+        stderr += (f"\n[sandbox] killed: more than {OUTPUT_LIMIT} bytes of output on one stream" if overflow == "output"
+                   else f"\n[sandbox] killed: more than {MAX_INODES} files on one of its file systems")
     elif not started:
         status = "sandbox_error"
     elif rc == 0:
