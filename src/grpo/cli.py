@@ -20,7 +20,7 @@ EPILOG = """examples:
 
 
 def _train(args) -> int:
-    from grpo.config import list_presets, load_config, preset_summary
+    from grpo.config import ConfigError, list_presets, load_config, preset_summary
 
     if args.list_keys:
         from grpo.config import describe_keys
@@ -41,8 +41,16 @@ def _train(args) -> int:
         overrides.insert(0, source)
         source = None
     cfg = load_config(source, overrides)
-    if args.output_dir:
+    if args.output_dir is not None:
         cfg.train.output_dir = args.output_dir
+    if cfg.train.output_dir is not None and not str(cfg.train.output_dir).strip():
+        raise ConfigError("train.output_dir (--output-dir) is empty: pass the run directory, e.g. runs/my-run")
+    if args.resume and cfg.train.output_dir is None:
+        raise ConfigError("--resume continues the run in --output-dir (or train.output_dir): pass that directory")
+    if not args.preflight and cfg.train.output_dir is not None:  # before any model loads: never over another run
+        from grpo.train.checkpoint.resume import claim_run_dir
+
+        claim_run_dir(Path(cfg.train.output_dir).expanduser(), args.resume, args.overwrite)
     if args.quiet:
         cfg.log.progress = False
     from grpo.train.trainer import Trainer
@@ -64,7 +72,7 @@ def _train(args) -> int:
 
         return EXIT_HEALTH if report.fatal else EXIT_OK
     try:
-        summary = trainer.train(resume=args.resume)
+        summary = trainer.train(resume=args.resume, overwrite=args.overwrite)
     finally:
         trainer.close()
     if args.json:
@@ -82,7 +90,13 @@ def _eval(args) -> int:
 
     from grpo.models.checks import check_model_dir
 
+    from grpo.tracking.rundir import check_output_file, write_text_atomic
+
     path = check_model_dir(args.model_dir, field="model_dir")  # missing, no config, weights cut short, no tokenizer
+    if args.output is not None:
+        check_output_file(args.output, "--output")  # before the evaluation: a wrong path must not cost its results
+    if args.n is not None and args.n < 1:
+        raise ConfigError(f"--n must be at least 1 (the number of held-out problems), got {args.n}")
     if args.k is not None and not 1 <= args.k <= (args.samples or args.k):
         raise ConfigError(f"--k must be between 1 and the number of samples per problem ({args.samples}), got {args.k}")
     run_cfg = next((d / "config.yaml" for d in (path.parent, path.parent.parent) if (d / "config.yaml").exists()),
@@ -104,7 +118,7 @@ def _eval(args) -> int:
     if args.difficulty is not None:
         cfg.data.difficulty = args.difficulty
     task = task_from_config(cfg, tokenizer=tokenizer)
-    n = args.n or cfg.eval.n
+    n = args.n if args.n is not None else cfg.eval.n
     temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
     res, rows = evaluate_problems(model, tokenizer, task, test_problems(task, n, cfg.eval.val_n),
                                   batch_size=cfg.eval.batch_size,
@@ -113,8 +127,8 @@ def _eval(args) -> int:
                                   temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
                                   **env_limits(cfg))
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
-    if args.output:  # one JSON line per problem
-        Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    if args.output:  # one JSON line per problem, written whole or not at all (its path was checked before the work)
+        write_text_atomic(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         out["output"] = args.output
     passes = "".join(f", {k} {v:.4f}" for k, v in res.items() if k.startswith("pass@"))
     print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} (greedy){passes} on {res['n']} "
@@ -135,7 +149,7 @@ def _warmup(args) -> int:
     """`grpo warmup`: build the built-in model (grpo.warmup), measure it on held-out problems, write its recipe."""
     from rich.console import Console
 
-    from grpo.config import load_config
+    from grpo.config import ConfigError, load_config
     from grpo.models.builtin import sha256_file, shipped_model_dir
     from grpo.train.evaluate import heldout_accuracy
     from grpo.warmup.recipe import build_with_recipe
@@ -145,6 +159,8 @@ def _warmup(args) -> int:
     cfg = load_config(preset, overrides)
     console = Console(highlight=False, markup=False)
     out = Path(args.output or f"warm-{cfg.data.task}")
+    if out.exists() and not out.is_dir():  # before the warm-up's minutes
+        raise ConfigError(f"--output={str(out)!r} is a file; pass a directory for the warm model (created when missing)")
     recipe = build_with_recipe(cfg, out, console=console, heldout=None if args.no_eval else heldout_accuracy)
     console.print(f"[grpo] wrote {out} (sha256 {recipe['sha256'][:16]}..., warm-up "
                   f"{recipe['built_on']['warmup_s']:.0f} s on {recipe['built_on']['cpu']})", soft_wrap=True)
@@ -188,7 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("preset", nargs="?", help="preset name or config.yaml (default: grpo)")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. rollout.group_size=16")
     t.add_argument("--output-dir", help="run directory (default runs/<preset>-<time>)")
-    t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
+    t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint in --output-dir "
+                   "(exit 2 when there is none: never a new run in its place)")
+    t.add_argument("--overwrite", action="store_true", help="a non-empty --output-dir: move its contents aside to "
+                   "<dir>.old-<time> first (nothing is deleted); without it a new run refuses a non-empty directory")
     t.add_argument("--json", action="store_true", help="print summary.json's content at the end")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--list-presets", action="store_true", help="list the presets and exit")

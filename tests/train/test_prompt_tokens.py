@@ -115,8 +115,9 @@ def test_trainer_feeds_the_models_own_tokens(bos_model_dir, tmp_path, chat):
     from grpo.train.trainer import Trainer
 
     data = _write(tmp_path / "d.jsonl", chat)
+    raw = [] if chat else ["data.plain_prompts=raw"]  # plain text as it is (auto would make it a chat turn)
     cfg = load_config(None, small_run(bos_model_dir, data, tmp_path / "run",
-                                      "eval.n=4", "data.test_fraction=0.3"))
+                                      "eval.n=4", "data.test_fraction=0.3", *raw))
     trainer = Trainer(cfg)
     try:
         tok = trainer.tokenizer

@@ -225,6 +225,10 @@ def main(args) -> int:
     import logging
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    if getattr(args, "output", None) is not None:  # before minutes of measuring: a wrong path must not cost them
+        from grpo.tracking.rundir import check_output_file
+
+        check_output_file(args.output, "--output")
     if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
         from grpo.bench import versus_trl
 
@@ -242,7 +246,9 @@ def main(args) -> int:
     result["engines"] = bench_engines.run_engines(bench_engines.cpu_plan(plan.quick), log=err)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    from grpo.tracking.rundir import write_text_atomic
+
+    write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     print(summary(result))
     print(bench_vocab.summary(vocab))
     print(bench_engines.summary(result["engines"]))

@@ -2,6 +2,8 @@
 the run directory `grpo report` reads. Each failure is one UserError naming the directory or file and the line.
 
     check_output_dir(path)    ConfigError unless a run can write there (it is created when missing)
+    check_output_file(path)   ConfigError unless a results file can be written there (checked before the work)
+    write_text_atomic(path)   a file written whole or not at all (a temporary name, then a rename)
     check_run_dir(path)       RunDirError unless it is a readable grpo run directory
 """
 
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from grpo.errors import ConfigError, RunDirError
 
-__all__ = ["check_output_dir", "check_run_dir"]
+__all__ = ["check_output_dir", "check_output_file", "check_run_dir", "write_text_atomic"]
 
 FIELD = "train.output_dir (--output-dir)"
 
@@ -33,6 +35,37 @@ def check_output_dir(path: str | Path) -> Path:
         raise ConfigError(f"{FIELD}={str(path)!r}: no permission to write in {existing}; pass a directory you can "
                           "write to")
     return p
+
+
+def check_output_file(path: str | Path, field: str = "--output") -> Path:
+    """`path` as a Path if a file can be written there: not empty, not a directory, in an existing folder this process
+    can write to (and writable itself when it exists); else ConfigError naming the field. Called before the
+    evaluation or benchmark whose results it will hold, so a wrong path costs seconds, not the results."""
+    if not str(path).strip():
+        raise ConfigError(f"{field} is empty: pass a file path, e.g. results.json")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{field}={str(path)!r} is a directory; pass a file path inside it, e.g. {p / 'results.json'}")
+    if not p.parent.is_dir():
+        raise ConfigError(f"{field}={str(path)!r}: the folder {p.parent} does not exist; create it first")
+    if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{field}={str(path)!r}: no permission to write there; pass a path you can write to")
+    return p
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def check_run_dir(path: str | Path) -> Path:

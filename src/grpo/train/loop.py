@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from grpo.config import ConfigError
 from grpo.errors import HealthGuardError, Preempted
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
@@ -43,10 +42,12 @@ from grpo.train.checkpoint.resume import (  # noqa: F401 (INCOMPATIBLE, check_re
     INCOMPATIBLE,
     check_resume_config,
     checkpointed,
+    claim_run_dir,
     newest_committed,
     repair_jsonl,
     resume_from_checkpoint,
     resume_command,
+    take_run_dir,
 )
 from grpo.train.step_result import StepResult
 
@@ -260,7 +261,7 @@ class _Run:
         return {"preempted": True, "steps": step, "checkpoint": str(path) if path else None}
 
 
-def run_training(trainer, resume: bool = False) -> dict:
+def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict:
     """Train until cfg.train.steps and write the run directory; returns summary.json's content. Raises Preempted
     (with .summary {"preempted": True, "steps", "checkpoint"}) after SIGTERM/SIGINT once the checkpoint is committed,
     and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json."""
@@ -268,10 +269,11 @@ def run_training(trainer, resume: bool = False) -> dict:
     main = is_main()  # torchrun: rank 0 prints and writes files, the other ranks only compute
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
     out = con.print
+    claim_run_dir(run_dir, resume, overwrite)  # a new run only in an empty directory; --resume only from a checkpoint
+    if main:
+        take_run_dir(run_dir, overwrite, out)  # --overwrite: the old contents moved aside, never deleted
+    barrier()
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume and (existing := newest_committed(run_dir)) is not None:
-        raise ConfigError(f"the run directory {run_dir} already holds checkpoints of an earlier run (newest "
-                          f"{existing.name}): add --resume to continue it, or pass another --output-dir")
     with PreemptionGuard() as local_guard:
         guard = SyncedGuard(local_guard, trainer.dist)  # every rank stops at the same step
         state = resume_from_checkpoint(trainer, out) if resume else {}

@@ -281,10 +281,12 @@ class Trainer:
                    "completions": completions}
         return res
 
-    def train(self, resume: bool = False) -> dict:
+    def train(self, resume: bool = False, overwrite: bool = False) -> dict:
+        """The whole run (train/loop.py). resume: continue from the run directory's newest checkpoint; overwrite:
+        move a non-empty run directory aside first (a new run never writes over another)."""
         from grpo.train.loop import run_training
 
-        return run_training(self, resume=resume)
+        return run_training(self, resume=resume, overwrite=overwrite)
 
     def close(self) -> None:
         self.rewards.close()

@@ -6,17 +6,21 @@ model, optimizers, schedules, RNG states, data position and step; settings that 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import time
 from pathlib import Path
 
 import yaml
 
 from grpo.config import ConfigError, build_config, flat_dict
+from grpo.errors import RunDirError
 from grpo.parallel import checkpoint_views
 from grpo.train.checkpoint.load import latest_checkpoint, load_checkpoint
 from grpo.train.checkpoint.rng_state import restore_rng_state
 
-__all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "load_run_config", "newest_committed",
+__all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "claim_run_dir", "load_run_config",
+           "newest_committed", "take_run_dir",
            "repair_jsonl", "resume_command", "resume_from_checkpoint"]
 
 # Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
@@ -46,6 +50,55 @@ def check_resume_config(saved: dict, current: dict, printer) -> None:
 def resume_command(run_dir: Path) -> str:
     return (f"grpo train {shlex.quote(str(run_dir / 'config.yaml'))} --output-dir {shlex.quote(str(run_dir))} "
             "--resume")
+
+
+def claim_run_dir(run_dir: Path, resume: bool, overwrite: bool = False) -> None:
+    """The run directory's owner rule, checked before any model loads (read only: `take_run_dir` moves aside).
+
+    A new run needs an empty or missing directory; with --overwrite, whatever is there is moved aside (never
+    deleted); --resume needs a committed, intact checkpoint there and never starts over in place. Raises RunDirError
+    (exit 2) naming what the directory holds and the flag to use."""
+    run_dir = Path(run_dir)
+    if resume and overwrite:
+        raise RunDirError("--resume continues the run in --output-dir and --overwrite moves it aside: pass one of them")
+    held = _holds(run_dir)
+    if resume:
+        if latest_checkpoint(run_dir) is None:  # logs each damaged checkpoint it skips
+            raise RunDirError(f"--resume: {run_dir} has no intact committed checkpoint to resume from ({held}). A "
+                              "resume never starts over in place: drop --resume to start a new run in a new "
+                              "--output-dir, or pass the directory of the run to continue")
+        return
+    if held != "nothing" and not overwrite:
+        newest = newest_committed(run_dir)
+        hint = (f"add --resume to continue that run (newest checkpoint {newest.name}), " if newest is not None
+                else "")
+        raise RunDirError(f"{run_dir} is not empty (it holds {held}); a new run never writes over another: {hint}"
+                          f"pass a new --output-dir, or add --overwrite to move its contents aside to "
+                          f"{run_dir.name}.old-<time> (nothing is deleted)")
+
+
+def take_run_dir(run_dir: Path, overwrite: bool, out) -> None:
+    """--overwrite: move a non-empty run directory aside to <name>.old-<time> and start with an empty one."""
+    run_dir = Path(run_dir)
+    if overwrite and _holds(run_dir) != "nothing":
+        aside = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.rename(run_dir, aside)
+        out(f"[grpo] --overwrite: moved the earlier contents of {run_dir} aside to {aside}", soft_wrap=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _holds(run_dir: Path) -> str:
+    """What a directory holds, for a message: 'nothing', or its first entries (checkpoints named)."""
+    if not run_dir.exists():
+        return "nothing"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is a file, not a run directory")
+    names = sorted(p.name for p in run_dir.iterdir())
+    if not names:
+        return "nothing"
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir() else []
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} entries)" if len(names) > 8 else "")
+    return shown + (f"; checkpoints {', '.join(ckpts[-3:])}" if ckpts else "")
 
 
 def newest_committed(run_dir: Path) -> Path | None:
@@ -83,9 +136,8 @@ def checkpointed(trainer, policy_optimizer) -> tuple[dict, dict, dict | None]:
 def resume_from_checkpoint(trainer, out) -> dict:
     """Restore everything from the newest committed checkpoint; returns the saved extra state ({} if none)."""
     path = latest_checkpoint(trainer.run_dir)  # logs a warning for each partial or corrupt directory it skips
-    if path is None:
-        out(f"[grpo] --resume: no committed checkpoint in {trainer.run_dir}/checkpoints; starting from step 0")
-        return {}
+    if path is None:  # claim_run_dir refused this already; an API caller gets the same refusal, never a restart
+        claim_run_dir(trainer.run_dir, resume=True)
     ckpt = load_checkpoint(path)
     state = ckpt.trainer_state
     saved_cfg = state.get("config")
