@@ -48,9 +48,10 @@ def _train(args) -> int:
     if args.resume and cfg.train.output_dir is None:
         raise ConfigError("--resume continues the run in --output-dir (or train.output_dir): pass that directory")
     if not args.preflight and cfg.train.output_dir is not None:  # before any model loads: never over another run
+        from grpo.tracking.rundir import check_output_dir
         from grpo.train.checkpoint.resume import claim_run_dir
 
-        claim_run_dir(Path(cfg.train.output_dir).expanduser(), args.resume, args.overwrite)
+        claim_run_dir(check_output_dir(cfg.train.output_dir), args.resume, args.overwrite)
     if args.quiet:
         cfg.log.progress = False
     from grpo.train.trainer import Trainer

@@ -25,6 +25,7 @@ from train_helpers import (
 )
 
 from grpo.config import ConfigError
+from grpo.errors import RunDirError
 from grpo.tracking.metrics import read_jsonl
 from grpo.train.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -166,23 +167,24 @@ def test_resume_refuses_incompatible_changes_and_prints_compatible_ones(make_tra
 
 def test_fresh_run_into_a_run_directory_with_checkpoints_is_refused(make_trainer):
     make_trainer("train.steps=1").train()
-    with pytest.raises(ConfigError, match="already holds checkpoints.*--resume"):
+    with pytest.raises(RunDirError, match="is not empty.*add --resume to continue that run .newest checkpoint "
+                                          "step-000001"):
         make_trainer("train.steps=2").train()
 
 
-def test_resume_with_only_partial_checkpoints_starts_over(make_trainer, tmp_path, caplog, capsys):
-    """A partial `.tmp-` directory and an uncommitted `step-N` are ignored with a warning; a half-written last line
-    of metrics.jsonl (a kill during its write) does not break the resume; each step is in metrics.jsonl once."""
+def test_resume_with_only_partial_checkpoints_is_refused_and_changes_nothing(make_trainer, tmp_path, caplog):
+    """A partial `.tmp-` directory and an uncommitted `step-N` are ignored with a warning naming them, and with
+    nothing intact to resume from, --resume is an error (issue #29): it never starts over in place."""
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / ".tmp-step-000001-4242").mkdir(parents=True)
     (run_dir / "checkpoints" / "step-000002").mkdir()
     (run_dir / "checkpoints" / "step-000002" / "model.safetensors").write_bytes(b"half")
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')
+    before = sorted((p.relative_to(run_dir), p.read_bytes() if p.is_file() else b"") for p in run_dir.rglob("*"))
     with caplog.at_level(logging.WARNING, logger="grpo.train.checkpoint"):
-        summary = make_trainer("train.steps=1").train(resume=True)
-    assert summary["steps"] == 1
+        with pytest.raises(RunDirError, match="no intact committed checkpoint"):
+            make_trainer("train.steps=1").train(resume=True)
     assert "ignoring partial checkpoint directory" in caplog.text
     assert "step-000002 is not committed" in caplog.text
-    assert "no committed checkpoint" in capsys.readouterr().out
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]
-    assert latest_checkpoint(run_dir).name == "step-000001"
+    after = sorted((p.relative_to(run_dir), p.read_bytes() if p.is_file() else b"") for p in run_dir.rglob("*"))
+    assert after == before  # nothing written: no config.yaml, no step-0 row
