@@ -9,25 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.tiny_models import save_small_builtin
+
 from grpo.cli import main
 from grpo.errors import EXIT_OK, EXIT_USER
 
-SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-             max_position_embeddings=128)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    import torch
-
-    from grpo.models.builtin import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    tok = build_tokenizer()
-    with torch.random.fork_rng():
-        build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return save_small_builtin(tmp_path_factory.mktemp("tiny-model"))
 
 
 def train(model_dir: Path, run_dir: Path | str, *flags: str) -> list[str]:

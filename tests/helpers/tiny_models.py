@@ -36,3 +36,21 @@ def tiny_model(arch: str = "llama", *, head: str = "causal", seed: int | None = 
     if seed is not None:
         torch.manual_seed(seed)
     return cls(tiny_config(arch, **fields))
+
+
+SMALL_BUILTIN = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2, max_position_embeddings=128)
+
+
+def save_small_builtin(path):
+    """A small random model of the built-in architecture and its character tokenizer, saved in `path` (a model
+    directory for CLI tests: fast to load, nothing to warm up)."""
+    import torch
+
+    from grpo.models.builtin import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    with torch.random.fork_rng():
+        build_model(tok, seed=0, size=SMALL_BUILTIN).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path

@@ -77,11 +77,11 @@ def test_one_step_from_the_gguf_file_with_a_plain_question_file(imported, tmp_pa
     the fixture made, instead of a second 20 s import) and trains; the plain questions become user turns."""
     from grpo.cli import main
     from grpo.models.builtin import cache_root
-    from grpo.models.gguf import _sha256
+    from grpo.models.builtin import sha256_file
 
     cache = cache_root()
     cache.mkdir(parents=True, exist_ok=True)
-    (cache / f"gguf-{_sha256(gguf_file())[:16]}").symlink_to(imported, target_is_directory=True)
+    (cache / f"gguf-{sha256_file(gguf_file())[:16]}").symlink_to(imported, target_is_directory=True)
     rows = [{"prompt": f"What is {a} {op} {b}?", "answer": str(a + b if op == "+" else a - b)}
             for a in range(10, 40) for b, op in ((3, "+"), (2, "-"))]
     data = tmp_path / "qa.jsonl"

@@ -13,22 +13,14 @@ an interrupted import leaves nothing that looks like a model.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 
 from grpo.errors import MissingExtraError, ModelDirError
+from grpo.models.builtin import sha256_file
 
 __all__ = ["import_gguf", "gguf_model_dir"]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -70,7 +62,7 @@ def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "grpo_source.txt").write_text(f"imported from {gguf.resolve()} (sha256 {_sha256(gguf)})\n")
+        (tmp / "grpo_source.txt").write_text(f"imported from {gguf.resolve()} (sha256 {sha256_file(gguf)})\n")
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above)
         os.rename(tmp, out_dir)
@@ -84,7 +76,7 @@ def gguf_model_dir(gguf: str | os.PathLike, cache: Path, console=None) -> Path:
     gguf = Path(gguf)
     if not gguf.is_file():
         raise ModelDirError(f"model.name: {gguf}: no such GGUF file")
-    out = cache / f"gguf-{_sha256(gguf)[:16]}"
+    out = cache / f"gguf-{sha256_file(gguf)[:16]}"
     if not (out / "config.json").is_file():
         if console is not None:
             console.print(f"[grpo] importing {gguf} (dequantized to float32, once) into {out}", soft_wrap=True,
