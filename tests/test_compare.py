@@ -56,7 +56,7 @@ def test_compare_two_steps_json_has_every_field(tmp_path, monkeypatch, capsys):
     assert result["settings"]["rollout.group_size"] == 2 and result["completions_per_step"] == 4
     assert "same PromptStream" in result["prompt_matching"]
     # the same prompts at every step: the samples of step 1 hold the same prompts in every run
-    first = {k: json.loads((out_dir / f"{k}-seed0" / "samples.jsonl").read_text().splitlines()[0])["prompt"]
+    first = {k: json.loads((out_dir / f"{k}-seed0" / "run" / "samples.jsonl").read_text().splitlines()[0])["prompt"]
              for k in RUNS}
     assert len(set(first.values())) == 1
     assert (out_dir / "plots" / "compare_accuracy.png").stat().st_size > 1000

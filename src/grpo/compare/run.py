@@ -84,13 +84,15 @@ def prepare_model(cfg, printer) -> None:
     printer(f"[compare] model for seed {cfg.train.seed}: {path} ({source}, {time.time() - t:.0f} s)")
 
 
-def launch(name: str, preset: str, overrides: list[str], run_dir: Path, printer) -> dict:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"name": name, "preset": preset, "overrides": overrides, "run_dir": str(run_dir),
-            "result": str(run_dir / "compare_result.json")}
-    spec_path = run_dir / "compare_spec.json"
+def launch(name: str, preset: str, overrides: list[str], work: Path, printer) -> dict:
+    """One run in its own process. work/ holds the worker's spec, log and result, and work/run/ its run directory
+    (a run directory holds only what the run writes: grpo.train.checkpoint.resume.claim_run_dir)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"name": name, "preset": preset, "overrides": overrides, "run_dir": str(work / "run"),
+            "result": str(work / "compare_result.json")}
+    spec_path = work / "compare_spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    log_path = run_dir / "worker.log"
+    log_path = work / "worker.log"
     t = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.run([sys.executable, "-m", "grpo.compare.worker", "--worker", str(spec_path)],
