@@ -67,22 +67,28 @@ def _control_texts(tokenizer) -> list[str]:
 def _literal_ids(tokenizer, text: str) -> list[int]:
     """Ids of `text` with every added token's text read as ordinary characters: special ones through
     split_special_tokens, the others by tokenizing each occurrence one character at a time (no single character
-    forms a multi-character added token)."""
+    forms a multi-character added token). Linear in the text: the pieces between occurrences go to the tokenizer in
+    one batch, and each added token's spelling is tokenized once (a tool result of 100 KB of '<tool_call>x' took
+    3 s one piece at a time)."""
     hits = []  # (start, -length, text) of every occurrence of every added token's text: one scan a token
     for c in _control_texts(tokenizer):
         i = text.find(c)
         while i >= 0:
             hits.append((i, -len(c), c))
             i = text.find(c, i + 1)
-    out, pos = [], 0
+    plain, spelled, pos = [], [], 0  # plain[k] comes before spelled[k]; one more plain piece ends the text
     for i, _, c in sorted(hits):  # leftmost first, the longest at a position; overlapped ones are skipped
-        if i < pos:
-            continue
-        out += _ids(tokenizer, text[pos:i], literal=True) if i > pos else []
-        for ch in c:
-            out += _ids(tokenizer, ch, literal=True)
-        pos = i + len(c)
-    return out + (_ids(tokenizer, text[pos:], literal=True) if pos < len(text) else [])
+        if i >= pos:
+            plain.append(text[pos:i])
+            spelled.append(c)
+            pos = i + len(c)
+    plain.append(text[pos:])
+    plain_ids = tokenizer(plain, add_special_tokens=False, verbose=False, split_special_tokens=True)["input_ids"]
+    by_char = {c: [t for ch in c for t in _ids(tokenizer, ch, literal=True)] for c in set(spelled)}
+    out: list[int] = []
+    for ids, c in zip(plain_ids, spelled):
+        out += list(ids) + by_char[c]
+    return out + list(plain_ids[-1])
 
 
 def env_message_ids(tokenizer, message: str, role: str, templated: bool, policy_ended_with_eos: bool) -> list[int]:

@@ -21,6 +21,8 @@ __all__ = ["exact_answer", "math_verify", "countdown", "extract_answer", "last_b
 
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_EXPONENT = re.compile(r"[eE]([+-]?[0-9_]{1,12})")  # what Fraction reads after the mantissa (ASCII digits only here)
+MAX_EXPONENT = 1000  # '1e1000' is a number; '1e99999999' is a 100-million-digit integer Fraction would build (minutes)
 
 
 def last_boxed(text: str) -> str | None:
@@ -52,7 +54,8 @@ def extract_answer(text: str) -> str:
 
 
 def to_number(text: str) -> Fraction | None:
-    """Parse '42', '-3.5', '1,000', '3/4', '\\frac{3}{4}', '$42$', '42.' exactly; None if it is not one number."""
+    """Parse '42', '-3.5', '1,000', '3/4', '\\frac{3}{4}', '$42$', '42.', '1e6' exactly; None if it is not one number
+    (or has an exponent past MAX_EXPONENT: the policy writes this text, and 10**exponent is computed exactly)."""
     s = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "")
     s = _FRAC.sub(r"(\1)/(\2)", s).rstrip(".")
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
@@ -62,9 +65,19 @@ def to_number(text: str) -> Fraction | None:
         if m:
             value = Fraction(m.group(2)) / Fraction(m.group(3))
             return -value if m.group(1) else value
-        return Fraction(s)
+        return Fraction(s) if _exponent_ok(s) else None
     except (ValueError, ZeroDivisionError):
         return None
+
+
+def _exponent_ok(s: str) -> bool:
+    """False when `s` has an exponent Fraction would read and it is not a small ASCII integer (any 'e' in a string
+    Fraction accepts starts its exponent; a non-ASCII digit there is refused too: int() would read it)."""
+    i = max(s.rfind("e"), s.rfind("E"))
+    if i < 0:
+        return True
+    m = _EXPONENT.fullmatch(s, i)
+    return m is not None and abs(int(m.group(1).replace("_", "") or "0")) <= MAX_EXPONENT
 
 
 def _normalize_text(s: str) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 
 from grpo.sandbox.wire import ENCODER_SRC, MAX_CHARS, MAX_DEPTH
@@ -37,7 +38,10 @@ __all__ = ["build_harness", "read_frame", "Frame", "SETUP_FAILED", "MAX_PAYLOAD"
 SETUP_FAILED = 3  # the parent's exit code when it could not set itself up (before any program code ran)
 MAX_PAYLOAD = 48 * 1024  # bytes of result lines kept (the sandbox keeps 64 KiB of stdout)
 _HEADER = re.compile(rb"GRPO-FRAME ([0-9a-f]{64}) ([a-z0-9]{1,16}) ([0-9]{1,9})\n")
-_INDEX = re.compile(r"[0-9]{1,6}")  # a result line's index: ASCII digits only
+_INDEX = re.compile(r"0|[1-9][0-9]{0,5}")  # a result line's index as "%d" writes it: ASCII digits only
+
+logger = logging.getLogger("grpo.rewards")
+_warned: set[str] = set()
 
 _TEMPLATE = r'''
 import os, sys, time
@@ -202,26 +206,37 @@ class Frame:
 
 
 def read_frame(stdout: str, key: bytes, n_items: int) -> Frame | None:
-    """The frame in `stdout` if it is exactly one frame whose MAC verifies with `key` and whose lines are
-    well-formed for indices 0..n_items-1; None otherwise (a forged, truncated or mangled frame)."""
+    """The frame in `stdout` if it is exactly one frame whose MAC verifies with `key` and whose lines are exactly
+    what the harness writes for indices 0..n_items-1 (then "end"); None otherwise: a forged, truncated or mangled
+    frame, which scores 0 for every test of the run. Never raises on what the program wrote.
+
+    The payload may end in a cut line (the parent stops at MAX_PAYLOAD or at its budget, possibly mid-line): that
+    line is dropped and the frame is incomplete; the lines before it count."""
     raw = stdout.encode("utf-8", "surrogateescape")
     m = _HEADER.match(raw)
     if m is None:
-        return None
+        return _refuse("no frame header on stdout (the program was killed, timed out or crashed the harness)")
     body = raw[m.end():]
     if len(body) != int(m.group(3)):
-        return None
+        return _refuse("the frame's length does not match its header")
     rest = raw[len(b"GRPO-FRAME ") + 65:m.end()] + body
     want = hmac.new(key, rest, hashlib.sha256).hexdigest().encode()
     if not hmac.compare_digest(want, m.group(1)):
-        return None
-    text = body.decode("utf-8", "replace")
-    lines = text.split("\n")
-    complete = len(lines) >= 2 and lines[-2] == "end" and lines[-1] == ""
+        return _refuse("the frame's MAC does not verify")
+    lines = body.decode("utf-8", "replace").split("\n")[:-1]  # the last piece is "" or a cut line
+    complete = bool(lines) and lines[-1] == "end"
+    results = _result_lines(lines[:-1] if complete else lines, n_items)
+    if results is None:
+        return _refuse("the program wrote lines into the harness's result pipe that the harness never writes",
+                       warn=True)
+    return Frame(m.group(2).decode(), results, complete)
+
+
+def _result_lines(lines: list[str], n_items: int) -> dict[int, tuple[bool, str]] | None:
+    """{index: (ok, text)} of result lines "<k> <0|1> <text>", each index once and below n_items; None when any
+    line is not one. The child wrote these lines (the parent only signs them), so the program can write into them."""
     results: dict[int, tuple[bool, str]] = {}
-    for line in lines:  # the child wrote these lines (the parent only signs them): exactly the harness's format
-        if line in ("", "end"):
-            continue
+    for line in lines:
         parts = line.split(" ", 2)
         if len(parts) != 3 or not _INDEX.fullmatch(parts[0]) or parts[1] not in ("0", "1"):
             return None  # '²'.isdigit() is True but int('²') raises: ASCII digits only, at most 6
@@ -229,4 +244,13 @@ def read_frame(stdout: str, key: bytes, n_items: int) -> Frame | None:
         if k >= n_items or k in results:
             return None
         results[k] = (parts[1] == "1", parts[2])
-    return Frame(m.group(2).decode(), results, complete)
+    return results
+
+
+def _refuse(why: str, warn: bool = False) -> None:
+    """Log why a frame was refused (its run scores 0): a frame the program tampered with at WARNING the first time
+    in a process, everything else (timeouts and crashes are common) at DEBUG."""
+    level = logging.WARNING if warn and why not in _warned else logging.DEBUG
+    _warned.add(why)
+    logger.log(level, "code harness: frame refused, its tests score 0: %s", why)
+    return None
