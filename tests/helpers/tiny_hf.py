@@ -35,6 +35,25 @@ def chat_tokenizer():
     return tok
 
 
+def zephyr_tokenizer():
+    """A byte-level BPE tokenizer trained on Zephyr-style turns, whose chat template writes its turn markers
+    ('<|user|>', '<|assistant|>', '<|tool|>') as plain text: the tokenizer merges them ('<|', 'user', '|>'), and only
+    '</s>' is an added (special) token. For tests of plain-text markers in environment messages."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(["<|system|>\n<|user|>\nhi</s>\n<|assistant|>\nyes</s>\n<|tool|>\n4</s>\n"] * 20, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>", pad_token="</s>")
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    return tok
+
+
 def save_tiny_model(path: Path, arch: str = "qwen2", *, seed: int = 0, hidden: int = 32, layers: int = 2,
                     intermediate: int = 64) -> Path:
     """Write a random `arch` ('qwen2' or 'llama') causal LM and the chat tokenizer to `path`; returns path."""
