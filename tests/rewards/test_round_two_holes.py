@@ -17,6 +17,7 @@ import logging
 import time
 
 import pytest
+import torch
 
 WORST = 100_000
 
@@ -136,3 +137,21 @@ def test_turn_markers_a_template_writes_as_plain_text_stay_text_in_a_tool_result
     honest = "the user asked for 4"  # no marker: the template's text as it is, in one piece
     assert env_message_ids(tok, honest, "tool", True, True) == tok(
         templated_env_text(tok, "tool", honest, True), add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------- reward values (row 8)
+def test_weights_whose_total_cannot_be_stored_are_refused():
+    """Each value within reward.max_abs, but weight x value past float32: the total was inf and the step's
+    advantages silently 0. The runner refuses such weights when it is built."""
+    from grpo.errors import ConfigError
+    from grpo.rewards.runner import RewardRunner
+
+    def big(prompts, completions, **kw):
+        return [1e6] * len(completions)
+
+    big.in_process = True
+    with pytest.raises(ConfigError, match="float32"):
+        with RewardRunner([("big", big, 1e33)], max_abs=1e6) as runner:
+            assert torch.isfinite(runner([None], ["c"]).total).all()  # reached before the fix: inf
+    with RewardRunner([("big", big, 1e32), ("also", big, -1e32)], max_abs=1e6) as runner:
+        assert runner([None], ["c"]).total.tolist() == [0.0]

@@ -232,6 +232,11 @@ class RewardRunner:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"reward.functions: names must be unique (each is logged as reward/<name>); repeated: {dup}")
+        worst = sum(abs(s.weight) for s in self.specs) * self.max_abs  # the largest |total| values can add up to
+        if worst > _F32_MAX:
+            raise ConfigError(f"reward.weights {[s.weight for s in self.specs]} x reward.max_abs={self.max_abs:g}: a "
+                              f"total of up to {worst:.3g} does not fit in float32 (3.4e38), where it would be inf; "
+                              "lower the weights or reward.max_abs")
         self.timeout_s = float(timeout_s)
         self.max_failure_frac = float(max_failure_frac)
         self.retry_per_sample = retry_per_sample

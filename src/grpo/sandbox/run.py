@@ -46,7 +46,7 @@ the unshare/rlimit backends keep CAP_DAC_READ_SEARCH so the interpreter can load
 What is covered (bwrap): infinite loops (wall-clock kill of the whole pid namespace); fork bombs (RLIMIT_NPROC as an
 unprivileged uid, then the namespace kill); large allocations (RLIMIT_AS); huge output (caps, then a kill); huge files
 (RLIMIT_FSIZE, tmpfs size); many files (the parent counts each tmpfs's inodes every 20 ms: MAX_INODES, process.py);
-file locks as a channel between sandboxes (seccomp); reading or writing host files outside the sandbox (not mounted / read-only); network
+file locks and file notifications as channels between sandboxes (seccomp); reading or writing host files outside the sandbox (not mounted / read-only); network
 access (empty network namespace); daemons that setsid() and outlive the program (killed with the pid namespace);
 signals to host processes (pid namespace); privilege escalation through setuid binaries (no_new_privs).
 
