@@ -14,13 +14,17 @@ from __future__ import annotations
 
 __all__ = ["between", "fenced_blocks", "spans"]
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
 
 def spans(text: str, open_tag: str, close_tag: str, *, case: bool = True) -> list[tuple[int, int]]:
     """(start, end) of the content of each `open_tag` ... `close_tag` pair, left to right, not overlapping: the
     content runs from after an opening tag to the first closing tag after it; an opening tag without a closing one
-    ends the scan. case=False matches the tags in any case (ASCII tags)."""
-    hay = text if case else text.lower()
-    o, c = (open_tag, close_tag) if case else (open_tag.lower(), close_tag.lower())
+    ends the scan. case=False matches the tags' ASCII letters in any case."""
+    # ASCII letters only: str.lower() changes some strings' length ('İ' -> 'i̇'), which would shift every index after
+    # it, and the tags are ASCII
+    hay = text if case else text.translate(_ASCII_LOWER)
+    o, c = (open_tag, close_tag) if case else (open_tag.translate(_ASCII_LOWER), close_tag.translate(_ASCII_LOWER))
     out, pos = [], 0
     while True:
         i = hay.find(o, pos)

@@ -155,3 +155,12 @@ def test_weights_whose_total_cannot_be_stored_are_refused():
             assert torch.isfinite(runner([None], ["c"]).total).all()  # reached before the fix: inf
     with RewardRunner([("big", big, 1e32), ("also", big, -1e32)], max_abs=1e6) as runner:
         assert runner([None], ["c"]).total.tolist() == [0.0]
+
+
+def test_answer_tags_are_found_in_any_case_without_shifting_the_text():
+    """'İ'.lower() is two characters: lower-casing the whole completion to find '<ANSWER>' shifted every index
+    after it, and the answer read was '2<' instead of '42'."""
+    from grpo.rewards.answers import exact_answer, extract_answer
+
+    assert extract_answer("İstanbul: <ANSWER>42</Answer>") == "42"
+    assert exact_answer([None, None], ["İİİ <answer>42</answer>", "<answer>41</answer> İ"], ["42", "42"]) == [1.0, 0.0]
