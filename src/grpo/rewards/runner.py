@@ -222,7 +222,6 @@ class RewardRunner:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         if not 0 < max_abs <= _F32_MAX:
             raise ValueError(f"max_abs must be in (0, {_F32_MAX:.3g}] (rewards are stored as float32), got {max_abs!r}")
-        self.max_abs = float(max_abs)
         if not 0.0 <= max_failure_frac <= 1.0:
             raise ValueError(f"max_failure_frac must be in [0, 1], got {max_failure_frac!r}")
         self.specs = [self._spec(f) for f in functions]
@@ -232,13 +231,10 @@ class RewardRunner:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"reward.functions: names must be unique (each is logged as reward/<name>); repeated: {dup}")
-        worst = sum(abs(s.weight) for s in self.specs) * self.max_abs  # the largest |total| values can add up to
-        if worst > _F32_MAX:
-            raise ConfigError(f"reward.weights {[s.weight for s in self.specs]} x reward.max_abs={self.max_abs:g}: a "
-                              f"total of up to {worst:.3g} does not fit in float32 (3.4e38), where it would be inf; "
-                              "lower the weights or reward.max_abs")
-        self.timeout_s = float(timeout_s)
-        self.max_failure_frac = float(max_failure_frac)
+        self.timeout_s, self.max_failure_frac, self.max_abs = float(timeout_s), float(max_failure_frac), float(max_abs)
+        if sum(abs(s.weight) for s in self.specs) * self.max_abs > _F32_MAX:  # the total would be inf in float32
+            raise ConfigError(f"reward.weights {[s.weight for s in self.specs]} x reward.max_abs={self.max_abs:g}: "
+                              "the weighted total can pass float32 (3.4e38); lower the weights or reward.max_abs")
         self.retry_per_sample = retry_per_sample
         self._live = LiveChildren()
         self._pool = ThreadPoolExecutor(max_workers=len(self.specs), thread_name_prefix="grpo-reward")
