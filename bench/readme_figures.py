@@ -5,10 +5,13 @@ README's table rows.
     python bench/readme_figures.py                       # seeds 0 1 2 + the own-data run (~3 min each here)
     python bench/readme_figures.py --seeds 0 --no-own-data
     python bench/readme_figures.py --steps 2 --eval-n 20 --output /tmp/x.json   # a smoke run
+    python bench/readme_figures.py --preset tools --seeds 0 --no-own-data --output bench/results/tools_figures.json
 
 Writes bench/results/readme_figures.json: the machine (CPU model as lscpu names it, cores, load average before
 and after: the machine may be shared), and per run the held-out accuracy before/after, summary.json's wall time
-and its parts, and the process's wall time (Python start-up, imports and plots included). Runs are niced
+and its parts, the process's wall time (Python start-up, imports and plots included) and, for a task with tools,
+the share of training episodes that called one at the first and the last step (metrics.jsonl's
+`env/tool_use_frac`). `--preset` runs `grpo train PRESET` (code, tools, ...) instead of the default. Runs are niced
 (--nice, default 5) so that a shared machine stays usable; the timings are of that machine as it was.
 """
 
@@ -43,6 +46,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def tool_use(run_dir: Path) -> dict:
+    """metrics.jsonl's env/tool_use_frac at the first and the last step; {} for a task without tools."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    fracs = [r["env/tool_use_frac"] for r in rows if "env/tool_use_frac" in r]
+    return {"env/tool_use_frac_first": fracs[0], "env/tool_use_frac_last": fracs[-1]} if fracs else {}
+
+
 def run_train(name: str, overrides: list[str], out_root: Path, nice: int) -> dict:
     """One `grpo train` process with an empty GRPO_CACHE; its summary.json plus the process's wall time."""
     run_dir = out_root / name
@@ -60,7 +70,7 @@ def run_train(name: str, overrides: list[str], out_root: Path, nice: int) -> dic
     printed = [line.replace(str(run_dir), f"runs/{name.replace(' ', '-')}") for line in lines[start:]]
     return {"name": name, "command": "grpo train " + " ".join(overrides), "process_s": round(process_s, 1),
             **{k: summary[k] for k in summary if k.startswith(("eval/", "time/")) or k in
-               ("steps", "wall_s", "model_source")}, "printed": printed}
+               ("steps", "wall_s", "model_source")}, **tool_use(run_dir), "printed": printed}
 
 
 def table_rows(runs: list[dict]) -> list[str]:
@@ -81,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--no-own-data", action="store_true")
+    parser.add_argument("--preset", help="run `grpo train PRESET` (e.g. code, tools) instead of the default")
     parser.add_argument("--steps", type=int, help="train.steps (default: the preset's, as in the README)")
     parser.add_argument("--eval-n", type=int, help="eval.n (default: the preset's)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=V", help="more overrides for every run")
@@ -94,8 +105,10 @@ def main() -> None:
 
     machine = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_before": list(os.getloadavg())}
     result = {"machine": machine, "torch": torch.__version__, "transformers": transformers.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "overrides": extra, "runs": []}
-    jobs = [(f"train.seed={s}", [f"train.seed={s}", *extra]) for s in args.seeds]
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "preset": args.preset, "overrides": extra,
+              "runs": []}
+    preset = [args.preset] if args.preset else []
+    jobs = [(" ".join([*preset, f"train.seed={s}"]), [*preset, f"train.seed={s}", *extra]) for s in args.seeds]
     jobs += [] if args.no_own_data else [("own data", [*OWN_DATA, *extra])]
     with tempfile.TemporaryDirectory(prefix="grpo-readme-") as tmp:
         for name, overrides in jobs:
