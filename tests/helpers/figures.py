@@ -8,8 +8,10 @@ A figure is the doc's text with each number replaced by a `str.format` field tha
                                               maps over it ("results[config=dapo].after": every dapo seed's after)
     "{pm(results.after):+.4f}"                a function of a path (FUNCTIONS: mean, std, pm = 'mean ± std', ...)
     "{wall_s!d}"                              !d: a duration as grpo prints it ('1 min 08 s'); !m, !k: the
-                                              value in millions, thousands ('{params!m:.1f} M')
+                                              value in millions, thousands ('{params!m:.1f} M'); !M: seconds
+                                              in minutes, !B: bytes in MiB, !u: upper case
     "{ratio:.1f}x"                            a derived value: a function of the whole file, given with the figure
+    "{settings['eval.n']}"                    ['key']: a key that holds dots
 
 The format spec is the rounding the doc shows, so a doc number that differs from its file by more than that
 rounding does not render to the doc's text.
@@ -28,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SEGMENT = re.compile(r"\[([^\]]*)\]|\.?([^.\[\]]+)")
+QUOTED = re.compile(r"'(.*)'")
 
 
 @cache
@@ -46,6 +49,8 @@ def resolve(data, path: str):
         index, key = m.groups()
         if key is not None:
             value = [item[key] for item in value] if isinstance(value, list) else value[key]
+        elif QUOTED.fullmatch(index):  # ['a.b']: a key that holds dots
+            value = value[QUOTED.fullmatch(index)[1]]
         elif "=" in index:
             k, v = index.split("=", 1)
             value = [item for item in value if str(item[k]) == v]
@@ -89,6 +94,9 @@ CONVERSIONS: dict[str, Callable] = {
     "d": lambda seconds: duration(seconds),   # '1 min 08 s'
     "m": lambda n: n / 1e6,                   # millions: '{params!m:.1f} M'
     "k": lambda n: n / 1e3,                   # thousands: '{peak_mb!k:.1f} GB'
+    "M": lambda seconds: seconds / 60,        # minutes: '{wall_s!M:.0f} min'
+    "B": lambda n: n / 2**20,                 # bytes in MiB: '{model_state_bytes!B:.2f} MiB'
+    "u": lambda text: str(text).upper(),      # 'cpu' -> 'CPU'
 }
 
 
@@ -97,8 +105,9 @@ class _Renderer(string.Formatter):
         self.data, self.derived = data, derived
 
     def value(self, expr: str):
-        if expr in self.derived:
-            return self.derived[expr](self.data)
+        name, rest = re.match(r"(\w*)(.*)", expr).groups()
+        if name in self.derived:  # a derived value, or a path into it ('{yes[0]}')
+            return resolve(self.derived[name](self.data), rest.lstrip("."))
         call = re.fullmatch(r"(\w+)\((.+)\)", expr)
         if call:
             return FUNCTIONS[call[1]](self.value(call[2]))
@@ -130,7 +139,7 @@ class Figure:
 
     @property
     def id(self) -> str:
-        return f"{self.doc}: {self.text[:60]}"
+        return f"{self.doc}: {Path(self.source).name}: {self.text[:50]}"
 
 
 def F(doc: str, source: str, text: str, each: str | None = None, **derived: Callable) -> Figure:
