@@ -57,6 +57,7 @@ COMPARE_DOC = "docs/compare.md"
 COMPARE = "bench/results/compare.json"
 VLLM_DOC = "docs/vllm.md"
 ENGINES = "bench/results/engines.json"
+SCALE_DOC = "docs/scale.md"
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -224,7 +225,7 @@ FIGURES = [
                     "{runs[1].floor_update_peak_mb:,.0f} MB floor peaks)"),
     F(BENCH, VOCAB, "the floor would need about {t256:.0f} GB (8 times its T = 32 peak) and ours about the same "
                     "{runs[1].update_peak_mb!k:.1f} GB", t256=lambda d: 8 * d["runs"][1]["floor_update_peak_mb"] / 1000),
-    F(BENCH, VOCAB, "started {started}: CPU fp32"),
+    F(BENCH, VOCAB, "`bench/results/vocab.json`, started {started}:"),
     F(BENCH, VOCAB, "| {completions} | {completion_tokens} | {full_logits_fp32_mb:,.0f} MB | {update_peak_mb:,.0f} MB | "
                     "{floor_update_peak_mb:,.0f} MB | **{peak_over_floor:.3f}** | {update_s:.2f} | "
                     "{floor_update_s:.2f} | **{update_over_floor_s:.2f}** |", each="runs"),
@@ -466,6 +467,30 @@ FIGURES = [
                          "{engines.hf.tokens_per_s_over_native:.2f} | {engines.hf.step_s:.3f} | "
                          "{engines.hf.step_s_over_native:.2f} |"),
     F(VLLM_DOC, ENGINES, "vLLM's engine start took {vllm_start_s:.0f} s there"),
+    # docs/scale.md: the learning benchmark behind the model-directory defaults, the real-vocabulary bench
+    F(SCALE_DOC, LEARNING_1E5, "optim.lr=1e-5 learned {ratio:.1f}x as much per completion, with drops up to "
+                               "{max(results.max_drop):.3f} against {low:.3f} (bench/learning/README.md)",
+      ratio=lambda d: _mean_of(d, "per_1k") / _mean_of(load(LEARNING), "per_1k", "default"),
+      low=lambda d: max(r["max_drop"] for r in _runs(load(LEARNING), "default"))),
+    F(SCALE_DOC, LEARNING, "1e-6 rose steadily ({len(results[config=default])} seeds: "
+                           "{pm(results[config=default].gain):+.3f}, no drop over "
+                           "{max(results[config=default].max_drop):.3f})"),
+    F(SCALE_DOC, LEARNING_1E5, "1e-5 gained {ratio:.1f}x as much per completion ({len(results)} seeds: "
+                               "{pm(results.gain):+.3f}, drops up to {max(results.max_drop):.3f})",
+      ratio=lambda d: _mean_of(d, "per_1k") / _mean_of(load(LEARNING), "per_1k", "default")),
+    F(SCALE_DOC, LR5E5, "5e-5 dipped up to {max(results.max_drop):.3f}"),
+    F(SCALE_DOC, VOCAB, "the naive update peaked {runs[0].floor_update_peak_mb:,.0f} MB above the resident state for "
+                        "{tokens:,} completion tokens (N = {runs[0].completions}, T = {runs[0].completion_tokens})",
+      tokens=lambda d: d["runs"][0]["completions"] * d["runs"][0]["completion_tokens"]),
+    F(SCALE_DOC, VOCAB, "so about {t256:.0f} GB at N = 64, T = 256",
+      t256=lambda d: 256 / d["runs"][0]["completion_tokens"] * d["runs"][0]["floor_update_peak_mb"] / 1000),
+    F(SCALE_DOC, VOCAB, "peak of the update above the resident state {runs[0].update_peak_mb:.0f} / "
+                        "{runs[1].update_peak_mb:.0f} MB against the floor's {runs[0].floor_update_peak_mb:,.0f} / "
+                        "{runs[1].floor_update_peak_mb:,.0f} MB at N = 64, T = 16 / 32 (x{runs[0].peak_over_floor:.3f} / "
+                        "x{runs[1].peak_over_floor:.3f}), in {runs[0].update_over_floor_s:.2f} / "
+                        "{runs[1].update_over_floor_s:.2f} of the floor's time"),
+    F(SCALE_DOC, VOCAB_TRAIN, "{chunked.updates[1].update_peak_mb:.0f} and {chunked.updates[2].update_peak_mb:.0f} MB "
+                              "above the resident set for its second and third updates"),
 ]
 
 
