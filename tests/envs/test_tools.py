@@ -166,7 +166,12 @@ def test_a_raising_or_hanging_tool_and_the_episode_goes_on(tok):
         assert (ep["tool_calls"], ep["tool_errors"], ep["end"], ep["truncated"]) == (2, 2, "done", False)
 
 
-def test_python_tool_runs_in_the_sandbox_or_refuses_like_it():
+def test_python_tool_runs_in_the_sandbox_or_refuses_like_it(tmp_path):
+    """The program runs, and in the sandbox: a directory of the host that the trainer can write to is not there for
+    it (bwrap mounts none), and /etc is not writable, each refused with the error the program itself met."""
+    import os
+    import re
+
     import pytest
 
     from grpo.envs.tools import python_tool
@@ -179,8 +184,14 @@ def test_python_tool_runs_in_the_sandbox_or_refuses_like_it():
         pytest.skip(f"no sandbox here: {e}")
     env = ToolEnvironment([python], "tags")
     assert env.step('<call>python("print(2**10)")</call>').message == "<result>1024\n</result>\n"
+    host_file = tmp_path / "escaped"
+    out = env.step(f'<call>python("open(\'{host_file}\', \'w\').write(\'x\')")</call>').message
+    assert out == f"<result>[failed: FileNotFoundError: [Errno 2] No such file or directory: '{host_file}']</result>\n"
+    assert not host_file.exists()
     out = env.step('<call>python("import os; os.open(\'/etc/x\', os.O_CREAT|os.O_WRONLY)")</call>').message
-    assert "failed" in out or "error" in out
+    assert re.fullmatch(r"<result>\[failed: (PermissionError: \[Errno 13\] Permission denied|OSError: \[Errno 30\] "
+                        r"Read-only file system): '/etc/x'\]</result>\n", out), out
+    assert not os.path.exists("/etc/x")
     assert json.dumps(tool_schema(python))  # a proper schema
 
 

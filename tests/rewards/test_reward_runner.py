@@ -190,15 +190,22 @@ def test_a_crashing_sample_does_not_take_the_others(runner_factory, no_leak):
     assert "exit 3" in res.tracebacks["c"]
 
 
-def test_slow_functions_overlap(runner_factory):
-    def slow(completions, **kw):
-        time.sleep(0.8)
-        return [0.0] * len(completions)
+def test_slow_functions_overlap(runner_factory, tmp_path):
+    """The three functions run at the same time: each records, in its own forked child, when it started and ended
+    (CLOCK_MONOTONIC is one clock for all processes), and there is a moment when all three were running. Run one
+    after another, each would start after the previous one ended. No bound on the call's wall time, which a busy
+    machine stretches."""
+    def slow(name):
+        def fn(completions, **kw):
+            start = time.monotonic()
+            time.sleep(1.0)
+            (tmp_path / name).write_text(f"{start} {time.monotonic()}")
+            return [0.0] * len(completions)
+        return fn
 
-    runner = runner_factory([("a", slow, 1.0), ("b", slow, 1.0), ("c", slow, 1.0)])
-    t0 = time.monotonic()
-    runner(PROMPTS, COMPLETIONS, {})
-    assert time.monotonic() - t0 < 1.8
+    runner_factory([(name, slow(name), 1.0) for name in "abc"])(PROMPTS, COMPLETIONS, {})
+    spans = [[float(t) for t in (tmp_path / name).read_text().split()] for name in "abc"]
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans
 
 
 @pytest.mark.parametrize(
