@@ -73,3 +73,37 @@ def test_the_shipped_model_scores_its_recorded_accuracy(task):
     measured = heldout_accuracy(cfg, builtin.SHIPPED_DIR / task)
     assert measured["n"] == held["n"] and measured["max_new_tokens"] == held["max_new_tokens"]
     assert abs(measured["accuracy"] - held["accuracy"]) <= 0.01, (measured["accuracy"], held["accuracy"])
+    assert measured.get("tool_use_frac") == held.get("tool_use_frac")  # greedy episodes that call: tools only
+    # A recorded 0.0 (the tool model, greedy) cannot tell this model from a broken one: the next test can.
+
+
+@pytest.mark.slow
+def test_the_shipped_tool_model_calls_the_calculator_when_sampled_and_only_calls_score():
+    """The tool model's recorded greedy accuracy and tool use are both 0.0 (greedy, it answers in its head, and
+    wrongly), which a model that never calls or an evaluation that scores no episode would match too. What its
+    warm-up taught (30% of the demonstrations call the calculator and copy the result) shows when it samples: at
+    temperature 1, a share of the episodes call the tool, some of those are right, and no episode without a call
+    is right (a product of a 3-digit and a 2-digit number, which it cannot do in its head)."""
+    if "tools" not in SHIPPED:
+        pytest.skip("the tool task's model does not ship")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpo.data import get_task
+    from grpo.models.loading import load_tokenizer
+    from grpo.rollout import Sampler
+    from grpo.rollout.episodes import run_episodes
+    from grpo.train.episodes import env_limits, task_environment
+    from grpo.train.evaluate import test_problems
+
+    cfg, task, path = load_config("tools"), get_task("tools"), builtin.SHIPPED_DIR / "tools"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path).eval(), load_tokenizer(path)
+    prompts = test_problems(task, cfg.eval.n, cfg.eval.val_n)[:40]
+    sampler = Sampler(model, tokenizer, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
+    with torch.no_grad():
+        r = run_episodes(sampler, prompts, 4, task_environment(task, tokenizer),
+                         generator=torch.Generator().manual_seed(0), **env_limits(cfg))
+    called = [e["tool_calls"] > 0 for e in r.episodes]
+    right = [task.is_correct(p, text) for p, text in zip([p for p in prompts for _ in range(4)], r.texts)]
+    assert 0.1 <= sum(called) / len(called) <= 0.6, sum(called) / len(called)
+    assert any(right) and all(c for c, ok in zip(called, right) if ok), list(zip(called, right))
