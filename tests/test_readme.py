@@ -60,18 +60,43 @@ def test_the_readme_marks_its_commands_and_outputs():
                                                                 "wall time", "run directory", "plot"]
 
 
+def table_cells(output: str) -> dict[str, str]:
+    """{first column: second column} of a printed rich table (see table_fields)."""
+    rows = [re.split(r"[│|]", row) for row in output.splitlines() if len(re.findall(r"[│|]", row)) >= 3]
+    return {c[1].strip(): c[2].strip() for c in rows if c[1].strip()}
+
+
 @pytest.mark.slow
 def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tmp_path):
+    """The README's `grpo train` (2 steps, 20 test problems) starts from the shipped model, trains it, and prints
+    the README's fields with the run's own values: the accuracy before is the shipped model's, measured here apart
+    on the same 20 test problems; the rest are summary.json's, the run directory and its plot."""
+    from grpo.config import load_config
+    from grpo.models import builtin
+    from grpo.train.evaluate import heldout_accuracy
+
     (argv,), fast = commands("quick-start")
     assert fast == ["train.steps=2", "eval.n=20"]
     proc, summary = run_readme_command(argv, fast, tmp_path)
     assert summary["model_source"] == "shipped" and summary["steps"] == 2
     assert "warm-up" not in proc.stdout  # nothing is built on a first launch
-    printed = table_fields(proc.stdout)
-    for field in table_fields(blocks("output")["quick-start"][0]):
-        assert field in printed, (field, proc.stdout[-2000:])
-    assert re.search(r"accuracy before training: test \d\.\d{3} on 20 problems, validation \d\.\d{3} on 200",
-                     proc.stdout)
+    cells = table_cells(proc.stdout.split("grpo train: done", 1)[1])
+    assert list(cells) == table_fields(blocks("output")["quick-start"][0]), proc.stdout[-2000:]
+    shipped = heldout_accuracy(load_config(None, ["eval.n=20"]), builtin.SHIPPED_DIR / "arithmetic")["accuracy"]
+    before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
+    assert before == shipped
+    assert cells["test accuracy"] == f"{before:.3f} -> {after:.3f}  ({after - before:+.3f}) on 20 problems"
+    assert cells["best (validation)"] == (f"step {summary['eval/best_step']}: test {summary['eval/accuracy_best']:.3f},"
+                                          f" validation {summary['eval/val_accuracy_best']:.3f}")
+    assert cells["steps"] == "2"
+    out_dir = tmp_path / "run"
+    assert cells["run directory"] == str(out_dir) and cells["plot"] == str(out_dir / "plots" / "training.png")
+    assert (out_dir / "plots" / "training.png").is_file()
+    first = json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert f"accuracy before training: test {before:.3f} on 20 problems, validation {first['eval/val_accuracy']:.3f} " \
+           f"on 200" in proc.stdout
+    trained = (out_dir / "final" / "model.safetensors").read_bytes()
+    assert trained != (builtin.SHIPPED_DIR / "arithmetic" / "model.safetensors").read_bytes()  # RL changed it
 
 
 @pytest.mark.slow
