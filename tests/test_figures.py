@@ -12,17 +12,28 @@ file beside the figure in the doc, and add its line here. A figure no script mea
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import statistics
 from collections.abc import Callable
 
 import pytest
-from helpers.figures import ROOT, F, closest, load, names_source, normalized, resolve, sections
+from helpers.figures import (
+    ROOT,
+    F,
+    closest,
+    load,
+    names_source,
+    normalized,
+    resolve,
+    sections,
+)
 
 # results file (or a glob of them) -> (the script that writes it, a string the script contains that says so)
 SOURCES = {
     "bench/results/readme_figures.json": ("bench/readme_figures.py", "bench/results/readme_figures.json"),
-    "bench/results/tools_figures.json": ("bench/readme_figures.py", "--preset"),
+    "bench/results/tools_figures.json": ("bench/readme_figures.py", "bench/results/tools_figures.json"),
     "bench/results/latest.json": ("src/grpo/bench/run.py", "bench/results/latest.json"),
     "bench/results/vocab.json": ("src/grpo/bench/vocab.py", "bench/results/vocab.json"),
     "bench/results/vocab_train.json": ("scripts/vocab_train_memory.py", "bench/results/vocab_train.json"),
@@ -67,6 +78,7 @@ def _seed_wins(d, key: str, a: str, b: str) -> int:
     return sum(by_seed[(a, s)] > by_seed[(b, s)] for (c, s) in by_seed if c == a and (b, s) in by_seed)
 
 
+@functools.cache
 def _learning_run():
     """bench/learning/run.py, whose table() and curve_table() print a results file's tables (`--report FILE`)."""
     spec = importlib.util.spec_from_file_location("bench_learning_run", ROOT / "bench" / "learning" / "run.py")
@@ -548,3 +560,17 @@ def test_a_doc_number_that_differs_from_its_file_by_more_than_its_rounding_is_re
     assert doc.count(quoted) == 1 and misquoted(figure, doc) == []
     (report,) = misquoted(figure, doc.replace(quoted, "2.4 after" if after != "2.4" else "2.5 after"))
     assert f"and {after} after" in report.splitlines()[0]
+
+
+def test_the_readme_figures_script_records_tool_use_from_the_first_and_last_step(tmp_path):
+    """bench/readme_figures.py's tool_use (tools_figures.json's env/tool_use_frac_first/_last): metrics.jsonl's
+    env/tool_use_frac at the first and the last step that logged it; nothing for a task without tools."""
+    spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "bench" / "readme_figures.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = [{"step": 0, "eval/accuracy": 0.0}, {"step": 1, "env/tool_use_frac": 0.25},
+            {"step": 2, "env/tool_use_frac": 0.5}, {"step": 3, "env/tool_use_frac": 0.875}, {"step": 3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert script.tool_use(tmp_path) == {"env/tool_use_frac_first": 0.25, "env/tool_use_frac_last": 0.875}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    assert script.tool_use(tmp_path) == {}

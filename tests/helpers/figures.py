@@ -85,7 +85,8 @@ FUNCTIONS: dict[str, Callable] = {
 
 
 def duration(seconds: float) -> str:
-    from grpo.tracking.progress import format_duration  # grpo's own spelling of a duration, as the docs quote it
+    """A duration as grpo prints it, which is how the docs quote it ('1 min 08 s')."""
+    from grpo.tracking.progress import format_duration
 
     return format_duration(seconds)
 
