@@ -22,13 +22,14 @@ from grpo.config import Config, ConfigError
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_rows
-from grpo.models.loading import load_policy, model_tokenizer
+from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import RewardResult, reward_mean_std
 from grpo.rewards.specs import reward_specs
 from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
+from grpo.tracking.trackers import check_trackers
 from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
@@ -59,8 +60,11 @@ class Trainer:
         t_setup = time.perf_counter()
         self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
         cfg = self.cfg
+        check_device_and_dtype(cfg)  # model.device=cuda without a GPU, float16 on the CPU: before anything loads
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
+        if self.dist.rank == 0:
+            check_trackers(cfg)  # a missing package, W&B online without a key, an MLflow server down: in seconds
         set_seed(cfg.train.seed)
         self.console = console
         self.task = task or task_from_config(cfg, reward_functions,  # data.path: a data set file (data/files.py)
