@@ -126,7 +126,7 @@ def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "config"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")  # a validator's own sentence reads better without it
         if e["type"] == "extra_forbidden":
             section = ".".join(str(p) for p in e["loc"][:-1])
             msg = f"unknown key{' in section ' + section if section else ''}"

@@ -30,6 +30,7 @@ from grpo.rewards.specs import reward_specs
 from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.trackers import check_trackers
+from grpo.train.budget import check_step_fits
 from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
@@ -60,7 +61,8 @@ class Trainer:
         t_setup = time.perf_counter()
         self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
         cfg = self.cfg
-        check_device_and_dtype(cfg)  # model.device=cuda without a GPU, float16 on the CPU: before anything loads
+        device, dtype = check_device_and_dtype(cfg)  # model.device=cuda without a GPU, float16 on the CPU
+        check_step_fits(cfg, device, dtype, console.print if console is not None else None)  # positions, memory
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
         if self.dist.rank == 0:
