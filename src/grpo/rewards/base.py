@@ -57,8 +57,8 @@ class RewardFunctionError(RuntimeError):
             f"reward function {name!r} raised on {failed}/{total} samples, more than max_failure_frac="
             f"{max_failure_frac:g}"
         )
-        if traceback:
-            msg += f"; last traceback:\n{traceback.rstrip()}"
+        if traceback:  # its last line: the traceback itself is logged once (grpo.rewards), not printed twice
+            msg += f"; last error: {traceback.strip().splitlines()[-1]} (traceback in the log above)"
         super().__init__(msg)
 
 

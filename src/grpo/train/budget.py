@@ -90,7 +90,7 @@ def check_step_fits(cfg, device: torch.device, dtype: torch.dtype, printer=None)
                               "and the prompt takes some of them; lower it below "
                               f"{positions} - the prompt length")
     memory = machine_memory(device)
-    if memory is None:
+    if memory is None or cfg.rollout.engine != "native":  # vLLM pages its KV cache within its own memory share
         return
     total, available = memory
     parts = rollout_bytes(cfg, shape, torch.finfo(dtype).bits // 8)
