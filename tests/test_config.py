@@ -74,6 +74,25 @@ def test_yaml_file_with_extends(tmp_path):
     assert cfg.rollout.group_size == 4 and cfg.algo.clip_high == 0.28
 
 
+def test_extends_reads_a_relative_path_from_the_yaml_s_own_folder(tmp_path, monkeypatch):
+    """Issue 29: `extends: base.yaml` is the base.yaml beside the YAML, wherever the command runs."""
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / "base.yaml").write_text("extends: dapo\nrollout:\n  group_size: 6\n")
+    (configs / "run.yaml").write_text("extends: base.yaml\ntrain:\n  steps: 7\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "base.yaml").write_text("rollout:\n  group_size: 99\n")  # the working directory's: not this one
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(configs / "run.yaml")
+    assert (cfg.rollout.group_size, cfg.train.steps, cfg.algo.clip_high) == (6, 7, 0.28)
+    (configs / "base.yaml").unlink()
+    assert load_config(configs / "run.yaml").rollout.group_size == 99  # not beside it: the working directory's
+    (elsewhere / "base.yaml").unlink()
+    with pytest.raises(ConfigError, match=f"no such config file 'base.yaml' \\(looked in {configs}"):
+        load_config(configs / "run.yaml")
+
+
 def test_default_config_is_valid():
     assert Config().preset == "grpo"
 

@@ -58,7 +58,10 @@ def _train(args) -> int:
 
     from rich.console import Console
 
-    trainer = Trainer(cfg, console=None if args.quiet else Console(highlight=False, markup=False))
+    try:
+        trainer = Trainer(cfg, console=None if args.quiet else Console(highlight=False, markup=False))
+    except KeyboardInterrupt:  # Ctrl-C while the data and the model load: no run has started, nothing is saved
+        raise InterruptedBeforeTraining from None
     if args.preflight:  # the check alone: exit 3 (EXIT_HEALTH) when the run cannot learn
         from grpo.train.preflight import run_preflight
 
@@ -285,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("GRPO_DEBUG", "") not in ("", "0")
     try:
         return args.func(args)
-    except KeyboardInterrupt:  # a second Ctrl-C while stopping: out at once
+    except KeyboardInterrupt as e:  # a second Ctrl-C while a run stops, or one where no guard turns it into a stop
         if debug:
             traceback.print_exc()
-        print("grpo: aborted by a second interrupt; the last committed checkpoint is intact", file=sys.stderr)
+        print(_interrupt_message(e), file=sys.stderr)
         return 130
     except Exception as e:  # bad input and the run's own stops get one clear message and their exit code
         code, message = _error_exit(e)
@@ -298,6 +301,22 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(message, file=sys.stderr)
         return code
+
+
+class InterruptedBeforeTraining(KeyboardInterrupt):
+    """Ctrl-C while `grpo train` reads its data and loads its model, before the run's signal guard is up."""
+
+
+def _interrupt_message(e: KeyboardInterrupt) -> str:
+    """The one line for a KeyboardInterrupt. A run's first Ctrl-C is a stop after the step (grpo.errors.Preempted);
+    grpo.train.checkpoint.preemption raises "second interrupt ..." for the next one. Any other came before a run
+    started or outside one (a checkpoint is committed whole or not at all, so the committed ones are intact)."""
+    if isinstance(e, InterruptedBeforeTraining):
+        return "grpo: interrupted before training started; nothing was saved"
+    if str(e).startswith("second interrupt"):
+        return ("grpo: aborted by a second interrupt; the step in progress is not saved, checkpoints committed before "
+                "it are intact")
+    return "grpo: interrupted; any checkpoint committed before it is intact"
 
 
 def _error_exit(e: Exception) -> tuple[int | None, str]:

@@ -141,13 +141,34 @@ def ratios(runs: dict) -> dict:
     return {"to_ppo": out, "checks": checks}
 
 
+def check_args(args) -> None:
+    """ConfigError for --seeds or --steps below 1, and for an --output-dir that is a file or holds anything (the
+    runs, logs and compare.json of an earlier comparison are never written over)."""
+    from grpo.config import ConfigError
+
+    for flag, value in (("--seeds", args.seeds), ("--steps", args.steps)):
+        if value < 1:
+            raise ConfigError(f"grpo compare {flag} must be at least 1, got {value}")
+    if args.output_dir is None:
+        return
+    out = Path(args.output_dir).expanduser()
+    if not str(args.output_dir).strip() or out.exists() and not out.is_dir():
+        raise ConfigError(f"grpo compare --output-dir={str(args.output_dir)!r} is not a directory; pass a new one")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        raise ConfigError(f"grpo compare --output-dir={str(args.output_dir)!r} already holds "
+                          f"{', '.join(held[:5])}{' ...' if len(held) > 5 else ''}: pass a new directory (nothing "
+                          "there is written over)")
+
+
 def main(args) -> int:
     from grpo.config import load_config
 
     def err(msg: str) -> None:  # progress goes to stderr; stdout holds the table (and the JSON last)
         print(msg, file=sys.stderr, flush=True)
 
-    seeds = list(range(max(1, args.seeds)))
+    check_args(args)  # before any model is built: --seeds 0 ran one seed, a used --output-dir was written over
+    seeds = list(range(args.seeds))
     out_dir = Path(args.output_dir or Path("runs") / f"compare-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

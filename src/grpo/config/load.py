@@ -24,7 +24,8 @@ def describe_keys() -> list[tuple[str, str, str, str]]:
             continue
         for key, field in model.model_fields.items():
             kind = _registry_choices(f"{section}.{key}") or _type_name(field.annotation)
-            rows.append((f"{section}.{key}", kind, repr(field.default), field.description or ""))
+            default = field.default_factory() if field.default_factory is not None else field.default
+            rows.append((f"{section}.{key}", kind, repr(default), field.description or ""))
     return rows
 
 
@@ -77,6 +78,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections, got {type(data).__name__}")
+    dotted = [k for k in data if isinstance(k, str) and "." in k]
+    if dotted:  # `train.steps: 5` at the top: the override's form, not YAML's
+        key = dotted[0]
+        section, _, rest = key.partition(".")
+        raise ConfigError(f"{path}: the key {key!r} is dotted; in YAML nest it under its section:\n  {section}:\n"
+                          f"    {rest}: {data[key]!r}\n(dotted keys are for the command line: {key}=VALUE)")
     return data
 
 
@@ -93,7 +100,8 @@ def _merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'algo.clip_high=0.28' -> (['algo', 'clip_high'], 0.28); the value is parsed as YAML."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like section.key=value")
+        hint = f"; write {text.strip()}=VALUE (no spaces around =)" if "." in text else ""
+        raise ConfigError(f"override {text!r} must look like section.key=value{hint}")
     key, raw = text.split("=", 1)
     path = key.strip().split(".")
     if not all(path):
@@ -118,7 +126,7 @@ def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "config"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")  # a validator's own sentence reads better without it
         if e["type"] == "extra_forbidden":
             section = ".".join(str(p) for p in e["loc"][:-1])
             msg = f"unknown key{' in section ' + section if section else ''}"
@@ -157,7 +165,7 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
 
     Only the keys written in a file or an override count as set (each section's `model_fields_set`); the keys
     that only a packaged preset set are listed in `cfg.preset_keys` (grpo.train.defaults reads both)."""
-    data, preset_keys = _layer("grpo" if source is None else str(source))
+    data, preset_keys = _layer("grpo" if source is None else str(source), ())
     for text in overrides or []:
         keys, value = parse_override(text)
         _apply_override(data, keys, value)
@@ -167,22 +175,50 @@ def load_config(source: str | Path | None = None, overrides: list[str] | None = 
     return cfg
 
 
-def _layer(source: str) -> tuple[dict[str, Any], set[str]]:
+def _layer(source: str, chain: tuple[str, ...], base: Path | None = None) -> tuple[dict[str, Any], set[str]]:
     """(the raw data of a preset or YAML file merged over what it extends, the 'section.key's that came from a
-    packaged preset and from no user file)."""
-    path = Path(source)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        data, packaged = _read_yaml(path), False
+    packaged preset and from no user file). A YAML's `extends:` path is read relative to that YAML's folder
+    (`base`) first, then the working directory; `chain` holds the files and presets already on the way here, so
+    a cycle is a ConfigError naming it."""
+    path = _yaml_path(source, base)
+    if path is not None:
+        data, packaged, name = _read_yaml(path), False, str(path.resolve())
     elif (PRESET_DIR / f"{source}.yaml").exists():
-        data, packaged = _read_yaml(PRESET_DIR / f"{source}.yaml"), True
+        data, packaged, name = _read_yaml(PRESET_DIR / f"{source}.yaml"), True, f"preset {source}"
         data.setdefault("preset", source)
     else:
-        raise ConfigError(f"unknown preset or file {source!r}; presets: {list_presets()}")
+        raise ConfigError(_unknown_source(source, base))
+    if name in chain:
+        raise ConfigError("`extends:` goes round in a circle: " + " -> ".join([*chain, name]))
     own = {f"{section}.{key}" for section, keys in data.items() if isinstance(keys, dict) for key in keys}
     preset_keys = set(own) if packaged else set()
     if "extends" in data:
-        parent, parent_keys = _layer(str(data.pop("extends")))
+        parent, parent_keys = _layer(str(data.pop("extends")), (*chain, name), path.parent if path else None)
         parent.pop("preset", None)
         preset_keys |= parent_keys - own
         data = _merge(parent, data)
     return data, preset_keys
+
+
+def _yaml_path(source: str, base: Path | None) -> Path | None:
+    """The YAML file `source` names: relative to `base` (the folder of the YAML that extends it) when it is there,
+    else as given (the working directory); None when it is no existing .yaml/.yml file."""
+    path = Path(source).expanduser()
+    if path.suffix not in (".yaml", ".yml"):
+        return None
+    for candidate in ([base / path] if base is not None and not path.is_absolute() else []) + [path]:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _unknown_source(source: str, base: Path | None) -> str:
+    """The message for a preset or file that is neither: a config key without its value (`grpo train train.steps
+    2`), a YAML file that is not there, or an unknown preset name."""
+    keys = {k for k, *_ in describe_keys()}
+    if source in keys:
+        return f"{source!r} is a config key, not a preset or file: write {source}=VALUE (no spaces around =)"
+    if Path(source).suffix in (".yaml", ".yml"):
+        where = f" (looked in {base} and the working directory)" if base is not None else ""
+        return f"no such config file {source!r}{where}"
+    return f"unknown preset or file {source!r}; presets: {list_presets()}"

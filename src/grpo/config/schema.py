@@ -186,7 +186,7 @@ class EnvConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(150, ge=0)
+    steps: int = Field(150, description="RL steps of the run, at least 1")
     seed: int = 0
     save_every: int = Field(0, ge=0, description="checkpoint every K steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=0)
@@ -209,6 +209,14 @@ class TrainConfig(_Section):
                                    "consecutive steps in which every group had zero reward spread and every reward "
                                    "was the same: nothing is learned; 0 = never")
 
+    @field_validator("steps")
+    @classmethod
+    def _at_least_one_step(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be at least 1, got {v}: a run of no steps would only evaluate the starting model "
+                             "(twice); `grpo eval MODEL_DIR` does that")
+        return v
+
     @field_validator("preflight", mode="before")
     @classmethod
     def _preflight_bool(cls, v):  # YAML reads `off` as false: accept the booleans too
@@ -226,7 +234,16 @@ class EvalConfig(_Section):
                             "training only")
     batch_size: int = Field(250, ge=1, description="problems per greedy generate call; a model directory gets 64 "
                             "unless set (grpo.train.defaults)")
-    max_new_tokens: int | None = None
+    max_new_tokens: int | None = Field(None, description="tokens per held-out completion, at least 1; None = "
+                                       "rollout.max_new_tokens")
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _some_tokens(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"must be at least 1 (or null for rollout.max_new_tokens), got {v}: no tokens means no "
+                             "answer, and every held-out problem would count as wrong")
+        return v
 
 
 class WarmupConfig(_Section):

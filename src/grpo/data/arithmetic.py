@@ -16,6 +16,7 @@ import random
 import re
 
 from grpo.data.base import register_task
+from grpo.errors import ConfigError
 from grpo.types import Prompt
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "×": lambda a, b: a * b}
@@ -77,7 +78,7 @@ class ArithmeticTask:
 
     def __init__(self, difficulty: str = "default", seed: int = 1234, worked_frac: float = 0.35):
         if difficulty not in LEVELS:
-            raise ValueError(f"data.difficulty for arithmetic must be one of {sorted(LEVELS)}, got {difficulty!r}")
+            raise ConfigError(f"data.difficulty for arithmetic must be one of {sorted(LEVELS)}, got {difficulty!r}")
         self.difficulty = difficulty
         self.seed = seed
         self.worked_frac = worked_frac

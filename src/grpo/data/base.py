@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from grpo.errors import ConfigError
 from grpo.types import Prompt
 
 RewardSpec = tuple[str, Callable, float]  # (name, fn(prompts, completions, **columns) -> list[float | None], weight)
@@ -48,7 +49,9 @@ def register_task(name: str):
 
 
 def get_task(name: str, **kwargs) -> Task:
-    """A registered task by name (the built-in ones register when grpo.data is imported)."""
+    """A registered task by name (the built-in ones register when grpo.data is imported); ConfigError (a
+    ValueError) naming the choices for an unknown name."""
     if name not in TASKS:
-        raise ValueError(f"data.task must be one of {sorted(TASKS)}, got {name!r}")
+        raise ConfigError(f"data.task must be one of {sorted(TASKS)}, reasoning_gym:<name> or verifiers:<id>, or "
+                          f"use data.path=<a data set file>; got {name!r}")
     return TASKS[name](**kwargs)

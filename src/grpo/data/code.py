@@ -29,6 +29,7 @@ import random
 import re
 
 from grpo.data.base import register_task
+from grpo.errors import ConfigError
 from grpo.types import Prompt
 
 # difficulty -> (slopes a, intercepts b, first shown x)
@@ -76,7 +77,7 @@ class CodeTask:
     def __init__(self, difficulty: str = "default", seed: int = 1234, worked_frac: float = 0.35,
                  timeout: float = 5.0, memory_mb: int = 512):
         if difficulty not in LEVELS:
-            raise ValueError(f"data.difficulty for code must be one of {sorted(LEVELS)}, got {difficulty!r}")
+            raise ConfigError(f"data.difficulty for code must be one of {sorted(LEVELS)}, got {difficulty!r}")
         self.difficulty = difficulty
         self.seed = seed
         self.worked_frac = worked_frac

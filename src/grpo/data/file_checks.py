@@ -40,9 +40,14 @@ COMPRESSED_SUFFIXES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zst
 
 def compression_of(path: Path) -> str | None:
     """'gzip', 'bzip2', 'xz', 'zstd' or 'zip' when the file starts with that format's magic bytes, else None."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+    head = _read_head(path)
     return next((name for magic, name in MAGIC if head.startswith(magic)), None)
+
+
+def _read_head(path: Path) -> bytes:
+    """The first 8 bytes of the file (OSError when it cannot be read)."""
+    with open(path, "rb") as f:
+        return f.read(8)
 
 
 def _open(path: Path, compression: str | None) -> IO[bytes]:
@@ -64,6 +69,11 @@ def _open(path: Path, compression: str | None) -> IO[bytes]:
 def check_file(path: Path, builder: str, shown: str) -> None:
     """Raise DataFileError naming `shown` (the file as the user gave it) and the line when the file cannot be
     read as `builder` ('json', 'csv' or 'parquet') without loss; return when it can."""
+    try:
+        _read_head(path)
+    except OSError as e:  # no permission, a broken mount: one message, not a traceback
+        raise DataFileError(f"{shown}: cannot be read ({type(e).__name__}: {e.strerror or e}); check that the file "
+                            "is readable by this user") from None
     if path.stat().st_size == 0:
         raise DataFileError(f"{shown}: the file is empty (0 bytes); a data set file needs one row per line "
                             "(JSONL), a header and rows (CSV), or a Parquet table")

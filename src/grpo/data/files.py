@@ -30,9 +30,11 @@ which every built-in reward gives a correct answer).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,13 +94,46 @@ def read_table(path: str, *, subset: str | None = None, split: str = "train"):
         return ds, p.name
     if p.suffix.lower() in BUILDERS or path.startswith((".", "/", "~")):
         raise DataFileError(f"data.path={path!r} does not exist")
-    try:  # a Hub name; offline this fails quickly with a connection error
-        with _quiet(datasets):
+    online = _hub_answers()  # offline, `datasets` retries for half a minute: read only its cache then
+    try:
+        with _quiet(datasets), _hub_offline(datasets, not online):
             ds = datasets.load_dataset(path, subset, split=split)
     except Exception as e:
+        why = "failed" if online else \
+            f"is not in the local cache, and the Hub does not answer (within {HUB_PROBE_S:.0f} s)"
         raise DataFileError(f"data.path={path!r} is not a local file, and loading it as a `datasets` Hub data set "
-                         f"(subset {subset!r}, split {split!r}) failed (no network?): {type(e).__name__}: {e}") from e
+                            f"(subset {subset!r}, split {split!r}) {why}: {type(e).__name__}: {e}") from e
     return ds, path
+
+
+HUB_PROBE_S = 3.0
+
+
+def _hub_answers() -> bool:
+    """Whether the Hub's endpoint (HF_ENDPOINT) accepts a connection within HUB_PROBE_S; False when offline mode
+    is set."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(flag, "0") not in ("", "0") for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_PROBE_S).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _hub_offline(datasets, offline: bool):
+    """`datasets` in offline mode (its cache only) while the block runs, when `offline`."""
+    before = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = before or offline
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = before
 
 
 def _datasets(path: str, p: Path):

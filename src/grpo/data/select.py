@@ -10,6 +10,7 @@ def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loade
     task, reasoning_gym:<name> (grpo.data.reasoning_gym) or verifiers:<environment id> (grpo.envs.verifiers_env).
     A data set's chat templates are rendered with `tokenizer`, or `tokenizer_loader()` called when first needed
     (model.name's tokenizer: grpo.models.loading.model_tokenizer; data/ never loads a model itself)."""
+    _check_task_options(cfg)
     if cfg.data.path is not None:
         from grpo.data.files import FileTask
 
@@ -30,3 +31,16 @@ def task_from_config(cfg, reward_functions=None, tokenizer=None, tokenizer_loade
         return load_task(cfg.data.task[len("verifiers:"):], cfg.data.task_options, tokenizer=tokenizer,
                          tokenizer_loader=tokenizer_loader)
     return get_task(cfg.data.task, difficulty=cfg.data.difficulty)
+
+
+def _check_task_options(cfg) -> None:
+    """data.task_options is read by reasoning_gym:<name> and verifiers:<id> only: anywhere else it would be
+    ignored without a word, so it is a ConfigError."""
+    options, task = cfg.data.task_options, cfg.data.task
+    if not options or cfg.data.path is None and task.startswith(("reasoning_gym:", "verifiers:")):
+        return
+    from grpo.errors import ConfigError
+
+    what = f"data.path={cfg.data.path}" if cfg.data.path is not None else f"data.task={task}"
+    raise ConfigError(f"data.task_options {sorted(options)}: {what} reads no task options (only reasoning_gym:<name> "
+                      "and verifiers:<id> tasks do); remove them, or set data.difficulty for a built-in task")

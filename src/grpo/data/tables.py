@@ -110,18 +110,28 @@ def _csv_rows(text: str, shown: str, delimiter: str) -> list[dict]:
     if len(set(header)) != len(header) or not all(h.strip() for h in header):
         raise TableError(f"{shown} line 1 (the header): needs distinct, non-empty column names, got {header}")
     rows = []
+    start = reader.line_num + 1  # the line the next row starts on (a quoted field may run over several)
     for values in reader:
-        if not any(v.strip() for v in values):
-            continue
-        if len(values) != len(header):
-            raise TableError(f"{shown} line {reader.line_num}: {len(values)} fields, the header has "
-                             f"{len(header)} ({header})")
-        rows.append({h: (v if v != "" else None) for h, v in zip(header, values)})
+        if any(v.strip() for v in values) and len(values) != len(header):
+            raise TableError(_field_count_message(shown, header, values, start, reader.line_num))
+        if any(v.strip() for v in values):
+            rows.append({h: (v if v != "" else None) for h, v in zip(header, values)})
+        start = reader.line_num + 1
     if not rows:
         raise TableError(f"{shown}: the file has a header but no rows")
     for column in header:
         _infer_numbers(rows, column)
     return rows
+
+
+def _field_count_message(shown: str, header: list[str], values: list[str], start: int, end: int) -> str:
+    """A row with the wrong number of fields, named by the line it starts on; a row running over several lines
+    is a quoted field left open there (the reader takes every line up to the next quote as that one field)."""
+    message = f"{shown} line {start}: {len(values)} fields, the header has {len(header)} ({header})"
+    if end > start:
+        message += (f"; a quoted field opens on line {start} and runs to line {end}: close its quote (a quote "
+                    'inside a field is written twice: "")')
+    return message
 
 
 def _infer_numbers(rows: list[dict], column: str) -> None:

@@ -24,6 +24,7 @@ import random
 
 from grpo.data.arithmetic import correct_reward
 from grpo.data.base import register_task
+from grpo.errors import ConfigError
 from grpo.types import Prompt
 
 A_RANGE, B_RANGE = (100, 999), (10, 99)
@@ -41,7 +42,7 @@ class ToolsTask:
 
     def __init__(self, difficulty: str = "default", seed: int = 1234, call_frac: float = 0.3):
         if difficulty != "default":
-            raise ValueError(f"data.difficulty for tools must be 'default', got {difficulty!r}")
+            raise ConfigError(f"data.difficulty for tools must be 'default', got {difficulty!r}")
         if not 0.0 <= call_frac <= 1.0:
             raise ValueError(f"call_frac must be in [0, 1], got {call_frac!r}")
         self.difficulty, self.seed, self.call_frac = difficulty, seed, call_frac

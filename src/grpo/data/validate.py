@@ -3,6 +3,8 @@ section 9, cases 12-14), so a bad row fails the run at start, naming itself, ins
 
     check_rows(train, test, reward_specs, cfg)      before the model loads: no rows, fewer rows than one step
                                                     (P), an empty prompt, a column a reward function needs
+    check_prompt_chars(train, test, load_tok, cfg)  before the model loads, without tokenizing: prompts with more
+                                                    characters than data.max_prompt_tokens tokens can hold
     check_lengths(train, test, tokenizer, cfg)      after the tokenizer loads: prompts over data.max_prompt_tokens
 
 An error is a `DataError` naming the split, the row (index and uid) and the column. With
@@ -21,7 +23,7 @@ from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
 
-__all__ = ["DataError", "check_lengths", "check_rows", "required_columns"]
+__all__ = ["DataError", "check_lengths", "check_prompt_chars", "check_rows", "max_token_chars", "required_columns"]
 
 
 class DataError(ConfigError):
@@ -100,6 +102,38 @@ def check_rows(train: list[Prompt], test: list[Prompt], reward_specs, cfg) -> tu
                             "fix the data or set data.filter_long_prompts=true to drop them")
         out.append(_drop(split, prompts, empty, "empty"))
     _enough(out[0], out[1], cfg, " after dropping empty prompts")
+    return out[0], out[1]
+
+
+def max_token_chars(tokenizer) -> int:
+    """The most characters of text one token of `tokenizer` stands for: its longest vocabulary entry (added tokens
+    included). Byte-level and sentencepiece entries spell each character with one symbol or more (WordPiece adds
+    '##'), so a text of more than limit x this many characters has more than `limit` tokens. (A normalizer that
+    deletes characters, as T5's collapses spaces, would break this; causal LM tokenizers keep every character.)"""
+    return max(1, max(map(len, tokenizer.get_vocab()), default=1))
+
+
+def check_prompt_chars(train: list[Prompt], test: list[Prompt], tokenizer_loader, cfg
+                       ) -> tuple[list[Prompt], list[Prompt]]:
+    """Prompts too long on their characters alone, found without tokenizing them (a 20 MB row took a minute to
+    tokenize): more than data.max_prompt_tokens x max_token_chars characters. DataError naming the row, or
+    dropped with data.filter_long_prompts=true. `tokenizer_loader()` is called only when some prompt has more
+    characters than the limit itself (no prompt at or under it can be over limit x max_token_chars)."""
+    limit = cfg.data.max_prompt_tokens
+    if all(len(p.text) <= limit for p in (*train, *test)):
+        return train, test
+    per_token = max_token_chars(tokenizer_loader())
+    out = []
+    for split, prompts in (("train", train), ("test", test)):
+        bad = [(i, f"{len(p.text)} characters") for i, p in enumerate(prompts) if len(p.text) > limit * per_token]
+        if bad and not cfg.data.filter_long_prompts:
+            i = bad[0][0]
+            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' has {bad[0][1]}, more than "
+                            f"data.max_prompt_tokens={limit} tokens can hold (a token of this tokenizer stands for "
+                            f"at most {per_token} characters; {len(bad)} such rows in {split}); shorten the "
+                            "prompts, raise data.max_prompt_tokens or set data.filter_long_prompts=true")
+        out.append(_drop(split, prompts, bad, f"over data.max_prompt_tokens={limit} on their characters"))
+    _enough(out[0], out[1], cfg, f" after dropping prompts over data.max_prompt_tokens={limit}")
     return out[0], out[1]
 
 

@@ -57,6 +57,27 @@ def _check_json(file: Path, where: str) -> None:
                             "again") from None
     if not isinstance(data, dict):
         raise ModelDirError(f"{where}: {file} holds {type(data).__name__}, expected a JSON object")
+    if file.name == "config.json":
+        _check_model_type(data, file, where)
+
+
+def _check_model_type(config: dict, file: Path, where: str) -> None:
+    """ModelDirError when config.json names a model_type this transformers does not know (a model newer than the
+    installed transformers, or a typo); models with their own code (auto_map) are left to transformers."""
+    kind = config.get("model_type")
+    if not isinstance(kind, str) or "auto_map" in config:
+        return
+    import difflib
+
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if kind in CONFIG_MAPPING_NAMES:
+        return
+    close = difflib.get_close_matches(kind, list(CONFIG_MAPPING_NAMES), 1)
+    raise ModelDirError(f"{where}: {file} names model_type {kind!r}, which transformers {transformers.__version__} "
+                        "does not know" + (f" (did you mean {close[0]!r}?)" if close else "") + "; upgrade "
+                        "transformers (pip install -U transformers) if the model is newer, or fix config.json")
 
 
 def _check_weights(p: Path, where: str, adapter: bool) -> None:

@@ -17,15 +17,46 @@ log = logging.getLogger("grpo.models")
 
 
 def resolve_device(name: str) -> torch.device:
+    """model.device as a torch.device; ConfigError for a name torch does not know or a device this machine lacks
+    (model.device=cuda without a CUDA GPU), before anything is loaded onto it."""
+    from grpo.errors import ConfigError
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"model.device={name!r} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            raise ConfigError(f"model.device={name!r}, but {why}; use model.device=auto (the GPU when there is one) "
+                              "or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"model.device={name!r}, but there are {torch.cuda.device_count()} CUDA devices "
+                              f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"model.device={name!r}, but MPS is not available here; use auto or cpu")
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """model.dtype on `device`; float16 on the CPU is a ConfigError: its narrow range overflows in training
+    (non-finite losses within a few steps, accuracy to 0)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "float16" and device.type == "cpu":
+        from grpo.errors import ConfigError
+
+        raise ConfigError("model.dtype=float16 on the CPU: float16 training overflows there (non-finite losses "
+                          "within a few steps); use float32 (or auto), or bfloat16")
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def check_device_and_dtype(cfg) -> tuple[torch.device, torch.dtype]:
+    """model.device and model.dtype checked against this machine before any model loads (ConfigError)."""
+    device = resolve_device(cfg.model.device)
+    return device, resolve_dtype(cfg.model.dtype, device)
 
 
 def builtin_spec(cfg) -> dict:

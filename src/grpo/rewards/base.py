@@ -21,6 +21,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -56,8 +57,8 @@ class RewardFunctionError(RuntimeError):
             f"reward function {name!r} raised on {failed}/{total} samples, more than max_failure_frac="
             f"{max_failure_frac:g}"
         )
-        if traceback:
-            msg += f"; last traceback:\n{traceback.rstrip()}"
+        if traceback:  # its last line: the traceback itself is logged once (grpo.rewards), not printed twice
+            msg += f"; last error: {traceback.strip().splitlines()[-1]} (traceback in the log above)"
         super().__init__(msg)
 
 
@@ -103,6 +104,11 @@ def _load_builtins() -> None:
         importlib.import_module(mod)
 
 
+def _looks_like_a_module(name: str) -> bool:
+    """'my_rewards.py', 'lib/rewards.py' or 'my_pkg.rewards': a reference missing its ':function' part."""
+    return name.endswith(".py") or "/" in name or os.sep in name or "." in name.strip(".")
+
+
 def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
     """The reward function registered as `name`, configured with `options`.
 
@@ -117,6 +123,9 @@ def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
 
         return load_reward_reference(name, **options)
     _load_builtins()
+    if name not in REWARD_FUNCTIONS and _looks_like_a_module(str(name)):  # `my_rewards.py` without `:function`
+        raise UnknownRewardFunction(f"reward.functions entry {name!r} names a file or module but no function in it; "
+                                    f"add the function's name after a colon: {name}:<function name>")
     if name not in REWARD_FUNCTIONS:
         known = ", ".join(sorted(REWARD_FUNCTIONS))
         close = difflib.get_close_matches(str(name), list(REWARD_FUNCTIONS), n=3, cutoff=0.6)

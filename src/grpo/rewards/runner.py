@@ -11,7 +11,7 @@ Failure semantics (RELIABILITY.md sections 3 and 9, cases 4-7):
 - `None` from a function is "no signal": the sample is missing, never scored 0.
 - A function that raises is retried one sample at a time, so only the samples that raise become missing. Each
   function's traceback is logged once per exception type (logger "grpo.rewards"). If more than `max_failure_frac`
-  of one call's samples raised, the call raises RewardFunctionError naming the function, with the last traceback.
+  of one call's samples raised, the call raises RewardFunctionError naming the function and its last error.
 - Every call runs in a forked child (closures and lambdas need no pickling) that is SIGKILLed, with its whole
   process group, at `timeout_s`. After a timeout the samples are retried one at a time in a new child, streaming
   results back, for at most one more `timeout_s`; samples without a result by then are missing (status "timeout").

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from grpo.errors import ConfigError, RunDirError
@@ -34,6 +35,11 @@ def check_output_dir(path: str | Path) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{FIELD}={str(path)!r}: no permission to write in {existing}; pass a directory you can "
                           "write to")
+    try:  # os.access says yes to root everywhere, /proc and read-only mounts included: a real write, undone
+        os.rmdir(tempfile.mkdtemp(prefix=".grpo-probe-", dir=existing))
+    except OSError as e:
+        raise ConfigError(f"{FIELD}={str(path)!r}: cannot write there ({e.strerror or e} in {existing}); pass a "
+                          "directory you can write to") from None
     return p
 
 

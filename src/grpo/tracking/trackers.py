@@ -5,6 +5,10 @@ accuracy included), the resolved config once at the start, and summary.json's co
 a tracker whose package is missing is one ConfigError naming the extra to install (`pip install 'grpo[wandb]'`).
 Only rank 0 opens trackers (the loop passes `enabled=False` elsewhere).
 
+Start-up problems are found in seconds, before the model loads (`check_trackers`, called by the Trainer): a missing
+package, W&B online (WANDB_MODE=online) without an API key, an MLflow server (an http(s) MLFLOW_TRACKING_URI) that
+does not answer within TRACKER_PROBE_S. A tracker that still fails to start is one ConfigError naming it.
+
 Where each one writes, with no network:
 - tensorboard: RUN_DIR/tensorboard/ (event files; the config and the summary as text).
 - wandb: RUN_DIR/wandb/; offline unless WANDB_MODE is set (then `wandb sync RUN_DIR/wandb/offline-run-*` uploads).
@@ -26,6 +30,7 @@ from grpo.config import ConfigError, flat_dict
 
 EXTRAS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
           "trackio": ("trackio", "trackio"), "mlflow": ("mlflow", "mlflow")}  # name -> (module, extra)
+TRACKER_PROBE_S = 5.0  # how long a tracking server may take to accept a connection at start-up
 
 
 def _require(name: str):
@@ -168,6 +173,56 @@ def tracker_names(log_cfg) -> list[str]:
     return names
 
 
+def check_trackers(cfg) -> None:
+    """The start-up problems of cfg.log's trackers, in seconds and before any model loads: a missing package, W&B
+    online without an API key, an MLflow server that does not answer. ConfigError naming the tracker and the fix."""
+    names = tracker_names(cfg.log)
+    for name in names:
+        _require(name)
+    if "wandb" in names:
+        _check_wandb_key()
+    if "mlflow" in names:
+        _check_mlflow_server(os.environ.get("MLFLOW_TRACKING_URI", ""))
+
+
+def _check_wandb_key() -> None:
+    """W&B logs offline here unless WANDB_MODE says otherwise; online it needs a key (WANDB_API_KEY or the
+    ~/.netrc entry `wandb login` writes)."""
+    mode = os.environ.get("WANDB_MODE", "offline")
+    if mode in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc().authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise ConfigError(f"log.trackers includes wandb with WANDB_MODE={mode}, but there is no W&B API key "
+                      f"(WANDB_API_KEY, or `wandb login` for {host}); log in, or unset WANDB_MODE to log offline "
+                      "(`wandb sync` uploads later)")
+
+
+def _check_mlflow_server(uri: str) -> None:
+    """An http(s) MLFLOW_TRACKING_URI must accept a connection within TRACKER_PROBE_S (MLflow itself retries for
+    minutes, then fails after the run's first evaluation)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(uri)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=TRACKER_PROBE_S).close()
+    except OSError as e:
+        raise ConfigError(f"log.trackers includes mlflow, but MLFLOW_TRACKING_URI={uri} does not answer "
+                          f"({e.strerror or e or 'timed out'} within {TRACKER_PROBE_S:.0f} s); start the server, or "
+                          "unset MLFLOW_TRACKING_URI to log to RUN/mlflow.db") from None
+
+
 def open_trackers(cfg, run_dir: Path, enabled: bool = True) -> Trackers:
     """Open the trackers of `cfg.log` for run_dir (none when `enabled` is False: the other ranks). The packages are
     checked first, so a missing one fails before any tracker has created a run."""
@@ -177,7 +232,13 @@ def open_trackers(cfg, run_dir: Path, enabled: bool = True) -> Trackers:
     opened: list = []
     try:
         for name in names:
-            opened.append(TRACKERS[name](Path(run_dir), cfg.to_dict(), cfg.log.project))
+            try:
+                opened.append(TRACKERS[name](Path(run_dir), cfg.to_dict(), cfg.log.project))
+            except (ConfigError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # the tracker's own start-up error (a login, a server): one message naming it
+                raise ConfigError(f"log.trackers: {name} could not start ({type(e).__name__}: {e}); fix that, or "
+                                  f"leave {name} out of log.trackers") from e
     except BaseException:
         Trackers(opened).close()
         raise

@@ -167,8 +167,7 @@ class _Run:
             if why == "periodic" and self.cfg.train.on_save_error == "continue":
                 self.out(f"[grpo] warning: {msg}; training continues (train.on_save_error=continue)", soft_wrap=True)
                 return None
-            self.out(f"[grpo] error: {msg}", soft_wrap=True)
-            raise CheckpointError(msg) from e
+            raise CheckpointError(msg) from e  # printed once, where it is caught (the grpo command)
         finally:
             barrier()  # several processes: the others wait for rank 0's checkpoint
         self.last_saved = trainer.step_count
@@ -255,9 +254,11 @@ class _Run:
         path = self.save("preempted") if step > 0 else None
         self.con.stop()
         self.trackers.close()
-        what = f"checkpoint {path} committed" if path else "nothing trained yet, nothing saved"
-        self.out(f"[grpo] stopped by {self.guard.signal_name or 'a stop request'} at step {step}; {what}. "
-                 f"Resume with: {resume_command(self.run_dir)}", soft_wrap=True)
+        what = (f"checkpoint {path} committed. Resume with: {resume_command(self.run_dir)}" if path else
+                "nothing trained yet, nothing saved (no checkpoint to --resume from): start again with --overwrite "
+                "or a new --output-dir")
+        self.out(f"[grpo] stopped by {self.guard.signal_name or 'a stop request'} at step {step}; {what}",
+                 soft_wrap=True)
         return {"preempted": True, "steps": step, "checkpoint": str(path) if path else None}
 
 

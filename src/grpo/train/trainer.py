@@ -7,6 +7,7 @@ PPO differs in one visible place: its advantages come from GAE with a critic, wh
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -21,14 +22,16 @@ from grpo.algo.registry import advantage_estimator
 from grpo.config import Config, ConfigError
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
-from grpo.data.validate import check_lengths, check_rows
-from grpo.models.loading import load_policy, model_tokenizer
+from grpo.data.validate import check_lengths, check_prompt_chars, check_rows
+from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import RewardResult, reward_mean_std
 from grpo.rewards.specs import reward_specs
 from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
+from grpo.tracking.trackers import check_trackers
+from grpo.train.budget import check_step_fits
 from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
@@ -59,18 +62,24 @@ class Trainer:
         t_setup = time.perf_counter()
         self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
         cfg = self.cfg
+        device, dtype = check_device_and_dtype(cfg)  # model.device=cuda without a GPU, float16 on the CPU
+        check_step_fits(cfg, device, dtype, console.print if console is not None else None)  # positions, memory
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
+        if self.dist.rank == 0:
+            check_trackers(cfg)  # a missing package, W&B online without a key, an MLflow server down: in seconds
         set_seed(cfg.train.seed)
         self.console = console
+        tokenizer = functools.cache(lambda: model_tokenizer(cfg))  # loaded once, when the data needs it first
         self.task = task or task_from_config(cfg, reward_functions,  # data.path: a data set file (data/files.py)
-                                             tokenizer_loader=lambda: model_tokenizer(cfg))
+                                             tokenizer_loader=tokenizer)
         self.run_dir = check_output_dir(run_dir or cfg.train.output_dir or default_run_dir(cfg))  # a file: ConfigError
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         held_out = held_out_pool(self.task, cfg.eval.n, cfg.eval.val_n)  # test, then validation (split_held_out)
         reward_specs = self._reward_specs(reward_functions)
         self.train_prompts, held_out = check_rows(self.train_prompts, held_out, reward_specs, cfg)
+        self.train_prompts, held_out = check_prompt_chars(self.train_prompts, held_out, tokenizer, cfg)  # 20 MB rows
         from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
 
         prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
