@@ -69,8 +69,15 @@ class AsyncRollouts:
             return item
 
     def sync_weights(self, policy, version: int) -> None:
-        if self.proc is not None:
-            self.weights.publish(policy, version)
+        """Publish the policy after an optimizer step (one copy; the worker loads it before its next batch)."""
+        if self.proc is None:
+            return
+        try:
+            self.weights.publish(policy, version, timeout_s=self.cfg.rollout.worker_timeout_s)
+        except TimeoutError as e:  # the worker died or hung while copying the weights out, holding the lock
+            self.close(kill=True)
+            raise RolloutWorkerError(f"the rollout worker held the weights for rollout.worker_timeout_s="
+                                     f"{self.cfg.rollout.worker_timeout_s:g} s without releasing them ({e})") from e
 
     def metrics(self) -> dict[str, float]:
         """rollout/staleness: optimizer steps between the policy that sampled this batch and the one it updates;

@@ -139,16 +139,6 @@ class SyncRollouts:
         pass
 
 
-def rollout_source(trainer, model_dir):
-    """The trainer's source of scored batches for rollout.mode: SyncRollouts, or AsyncRollouts (a worker process
-    started at the first step; grpo.train.async_rollouts)."""
-    if trainer.cfg.rollout.mode == "sync":
-        return SyncRollouts(trainer.producer)
-    from grpo.train.async_rollouts import AsyncRollouts
-
-    return AsyncRollouts(trainer, model_dir)
-
-
 def behaviour_logprobs(scored: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
     """(N, T) pi_old of a batch sampled by an older policy: the log-probs of the policy that sampled it (the
     sampler's own, or those of its full distribution when rollout.top_p < 1), 0 where `mask` is 0."""

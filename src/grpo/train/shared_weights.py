@@ -26,15 +26,21 @@ class SharedWeights:
         self.changed = ctx.Condition()
 
     @torch.no_grad()
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Copy `model`'s trainable parameters in (all of them on the first call) and mark them `version`."""
+    def publish(self, model: torch.nn.Module, version: int, timeout_s: float | None = None) -> None:
+        """Copy `model`'s trainable parameters in (all of them on the first call) and mark them `version`. The lock is
+        waited for at most timeout_s (None: forever): a worker that died while copying out never releases it, and
+        then TimeoutError."""
         params = dict(model.named_parameters())
         names = self.tensors if self.version.value < 0 else self.trainable
-        with self.changed:
+        if not self.changed.acquire(True, timeout_s):
+            raise TimeoutError(f"the shared weights' lock was not released in {timeout_s:g} s")
+        try:
             for name in names:
                 self.tensors[name].copy_(params[name].detach())
             self.version.value = version
             self.changed.notify_all()
+        finally:
+            self.changed.release()
 
     @torch.no_grad()
     def load_into(self, model: torch.nn.Module) -> int:

@@ -36,7 +36,8 @@ from grpo.train.episodes import env_limits, env_metrics, task_environment
 from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.train.step_result import StepResult
-from grpo.train.rollout_source import BatchProducer, ScoredBatch, behaviour_logprobs, resolve_reward_specs, rollout_source
+from grpo.train.rollout_source import (BatchProducer, ScoredBatch, SyncRollouts, behaviour_logprobs,
+                                       resolve_reward_specs)
 from grpo.types import Rollouts
 
 log = logging.getLogger("grpo.train")
@@ -46,6 +47,12 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _producer_part(name: str, doc: str) -> property:
+    """The trainer's name for a part of its BatchProducer (one owner; setting it replaces the producer's)."""
+    return property(lambda self: getattr(self.producer, name), lambda self, v: setattr(self.producer, name, v),
+                    doc=doc)
 
 
 class Trainer:
@@ -92,10 +99,13 @@ class Trainer:
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
-        self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
-        self.env_factory = task_environment(self.task, self.tokenizer)  # None: single-turn (train/episodes.py)
-        self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
-                                    max_failure_frac=cfg.reward.max_failure_frac)
+        # one step's rollouts and rewards (rollout_source.py); sampler, env_factory, rewards and stream are its parts
+        self.producer = BatchProducer(
+            cfg, self.policy, build_engine(cfg, self.policy, self.tokenizer, path, self.dist),  # native | vllm
+            self.tokenizer, task_environment(self.task, self.tokenizer),  # None: single-turn (train/episodes.py)
+            RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
+                         max_failure_frac=cfg.reward.max_failure_frac),
+            PromptStream(self.train_prompts, cfg.train.seed), self.dist)
         total_updates = cfg.train.steps * cfg.algo.epochs
         self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optim, total_updates)
         self.critic = None
@@ -103,12 +113,14 @@ class Trainer:
             from grpo.train.ppo import Critic
 
             self.critic = Critic(self.policy, cfg, total_updates, self.dist)
-        self.stream = PromptStream(self.train_prompts, cfg.train.seed)
-        self.producer = BatchProducer(cfg, self.policy, self.sampler, self.tokenizer, self.env_factory, self.rewards,
-                                      self.stream, self.dist)  # one step's rollouts and rewards (rollout_source.py)
         self.rollouts = rollout_source(self, path)  # rollout.mode: sync (here, between updates) or async (a worker)
         self.step_count = 0
         self.setup_s = time.perf_counter() - t_setup  # counted in the run's wall time (train/loop.py)
+
+    sampler = _producer_part("sampler", "the rollout engine (rollout.engine)")
+    env_factory = _producer_part("env_factory", "the task's EnvironmentFactory, None for a single-turn task")
+    rewards = _producer_part("rewards", "the RewardRunner")
+    stream = _producer_part("stream", "the PromptStream of the training prompts (its state is checkpointed)")
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepResult:
@@ -220,6 +232,16 @@ class Trainer:
         self.rollouts.close()
         self.rewards.close()
         self.dist.close()
+
+
+def rollout_source(trainer: Trainer, model_dir):
+    """The trainer's source of scored batches for rollout.mode: SyncRollouts, or AsyncRollouts (a worker process
+    started at the first step; train/async_rollouts.py)."""
+    if trainer.cfg.rollout.mode == "sync":
+        return SyncRollouts(trainer.producer)
+    from grpo.train.async_rollouts import AsyncRollouts
+
+    return AsyncRollouts(trainer, model_dir)
 
 
 def default_run_dir(cfg: Config) -> Path:
