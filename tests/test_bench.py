@@ -52,3 +52,23 @@ def test_bench_json_quick(tmp_path):
 def test_fit_exponent():
     assert fit_exponent([1, 2, 4, 8], [3, 6, 12, 24]) == pytest.approx(1.0)
     assert fit_exponent([2, 4, 8], [5, 5 * 2 ** 0.5, 10]) == pytest.approx(0.5)
+
+
+def test_async_bench_aggregates_seeds_and_ratios_by_hand():
+    from grpo.bench.async_rollouts import aggregate, overrides
+
+    def run(mode, seed, spm, gain):
+        return {"mode": mode, "seed": seed, "steps_per_min": spm, "steady_steps_per_min": spm * 2,
+                "gain_per_min": gain, "gain_per_1k_completions": gain / 10, "accuracy_after": 0.5,
+                "staleness_mean": 1.0 if mode == "async" else 0.0, "wait_s_mean": 0.0}
+
+    runs = [run("sync", 0, 10.0, 0.1), run("async", 0, 14.0, 0.2), run("sync", 1, 12.0, 0.3),
+            run("async", 1, 16.0, 0.2)]
+    agg = aggregate(runs)
+    assert agg["sync"]["steps_per_min"]["mean"] == 11.0 and agg["async"]["steps_per_min"]["mean"] == 15.0
+    assert abs(agg["sync"]["steps_per_min"]["std"] - 2 ** 0.5) < 1e-12  # sample std of (10, 12)
+    assert abs(agg["async_over_sync"]["steps_per_min"] - 15 / 11) < 1e-12
+    assert abs(agg["async_over_sync"]["gain_per_min"] - 0.2 / 0.2) < 1e-12
+    assert "async_over_sync_1thread" not in agg  # no sync_1thread run: no ratio to it
+    ov = overrides({"steps": 5, "max_staleness": 1, "extra": [], "model": None}, "sync_1thread", 2)
+    assert "rollout.mode=sync" in ov and "train.seed=2" in ov and "eval.val_n=0" in ov

@@ -261,9 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --versus-trl bench/results/versus_trl.json)")
     b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
                    "model and batch (needs trl; grpo/bench/versus_trl.py)")
-    b.add_argument("--model", default=None, help="with --versus-trl: a model directory (default: the built-in model)")
-    b.add_argument("--steps", type=int, default=None, help="with --versus-trl: timed steps per process (default 3)")
-    b.add_argument("--repeats", type=int, default=None, help="with --versus-trl: processes per method (default 3)")
+    b.add_argument("--async-rollouts", action="store_true", help="rollout.mode=async (max_staleness 1) against sync: "
+                   "steps per minute and test accuracy gain per minute, whole grpo train runs per seed "
+                   "(grpo/bench/async_rollouts.py; default output bench/results/async_rollouts.json)")
+    b.add_argument("--model", default=None, help="with --versus-trl or --async-rollouts: a model directory (default: "
+                   "the built-in model)")
+    b.add_argument("--steps", type=int, default=None, help="with --versus-trl: timed steps per process (default 3); "
+                   "with --async-rollouts: training steps per run (default 40)")
+    b.add_argument("--repeats", type=int, default=None, help="with --versus-trl: processes per method (default 3); "
+                   "with --async-rollouts: seeds (default 3)")
     b.set_defaults(func=_bench)
     r = sub.add_parser("report", help="a self-contained HTML page of a run")
     r.add_argument("run_dir")

@@ -29,7 +29,8 @@ from __future__ import annotations
 import signal
 
 __all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError", "GrpoError",
-           "HealthGuardError", "MissingExtraError", "ModelDirError", "Preempted", "RewardOutputError", "RunDirError", "RunStopped",
+           "HealthGuardError", "MissingExtraError", "ModelDirError", "Preempted", "RewardOutputError", "RolloutWorkerError", "RunDirError",
+           "RunStopped",
            "UserError"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USER, EXIT_HEALTH = 0, 1, 2, 3
@@ -80,6 +81,11 @@ class HealthGuardError(RunStopped, RuntimeError):
     """A health guard stopped a run that cannot learn (no reward values, non-finite losses)."""
 
     exit_code = EXIT_HEALTH
+
+
+class RolloutWorkerError(HealthGuardError):
+    """The rollout worker of rollout.mode=async died, hung past rollout.worker_timeout_s, or failed; the run stops
+    with a checkpoint."""
 
 
 class Preempted(RunStopped):

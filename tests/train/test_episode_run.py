@@ -61,8 +61,8 @@ def test_environment_reward_replaces_the_reward_functions_and_limits_truncate(ma
     trainer.env_factory = lambda p: OneToolReply(p, reward=0.75)
     eos_logit(trainer, 50.0)
     prompts = trainer.stream.next(2)
-    rollouts = trainer._generate(prompts, 2, 0)
-    scores = trainer._score(rollouts)
+    rollouts = trainer.producer.generate(prompts, 2, trainer.step_count, 0)
+    scores = trainer.producer.score(rollouts)
     assert torch.equal(scores.total, torch.full((4,), 0.75))
     batch = trainer._policy_batch(rollouts)  # loss on the two EOS tokens only; all 2 + reply + 1 attended
     reply = len(trainer.tokenizer("<result>42</result>\n", add_special_tokens=False)["input_ids"])
@@ -72,6 +72,6 @@ def test_environment_reward_replaces_the_reward_functions_and_limits_truncate(ma
                        reward_functions=seen_columns([]))
     cut.env_factory = OneToolReply
     eos_logit(cut, 50.0)
-    m = cut._rollout_metrics(cut._generate(prompts, 2, 0))
+    m = cut._rollout_metrics(cut.producer.generate(prompts, 2, cut.step_count, 0))
     assert m["env/truncated_frac"] == 1.0 and m["env/turns_mean"] == 1.0
     assert json.dumps(m)

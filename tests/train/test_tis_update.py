@@ -26,7 +26,7 @@ def _gradients(trainer, batch, tis_cap, sampler_logp):
 
 def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):
     trainer = make_trainer("optim.max_grad_norm=1e9")  # no clipping: gradients compare by their scale
-    rollouts = trainer._generate(trainer.stream.next(2), 2, 0)
+    rollouts = trainer.producer.generate(trainer.stream.next(2), 2, trainer.step_count, 0)
     batch = trainer._policy_batch(rollouts)
     batch.adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     cfg = trainer.cfg

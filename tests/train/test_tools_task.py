@@ -35,7 +35,7 @@ def run_and_check(tmp_path):
     trainer = Trainer(cfg)
     try:
         assert trainer.model_source == "shipped"
-        trainer._generate(trainer.train_prompts[:1], 2, 0)  # builds the environment factory
+        trainer.producer.generate(trainer.train_prompts[:1], 2, 0, 0)  # builds the environment factory
         probe = trainer.task.split("train", 20000)[-24:]  # fixed prompts, at the end of the training split
         before, calls_before = sampled_reward(trainer, probe)
         for _ in range(cfg.train.steps):

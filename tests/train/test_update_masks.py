@@ -12,7 +12,7 @@ def params(model) -> dict[str, torch.Tensor]:
 
 def test_only_the_cut_off_completions_lose_their_tokens(make_trainer):
     trainer = make_trainer("algo.mask_truncated=true")
-    rollouts = trainer._generate(trainer.stream.next(2), 2, 0)
+    rollouts = trainer.producer.generate(trainer.stream.next(2), 2, trainer.step_count, 0)
     rollouts.truncated = torch.tensor([True, False, False, True])
     batch = trainer._policy_batch(rollouts)
     assert batch.mask[[0, 3]].sum() == 0
@@ -23,14 +23,14 @@ def test_only_the_cut_off_completions_lose_their_tokens(make_trainer):
 
 def test_a_step_of_only_truncated_completions_changes_nothing(make_trainer, monkeypatch):
     trainer = make_trainer("algo.mask_truncated=true")
-    generate = trainer._generate
+    generate = trainer.producer.generate
 
     def all_truncated(*args, **kwargs):
         rollouts = generate(*args, **kwargs)
         rollouts.truncated[:] = True
         return rollouts
 
-    monkeypatch.setattr(trainer, "_generate", all_truncated)
+    monkeypatch.setattr(trainer.producer, "generate", all_truncated)
     before = params(trainer.policy)
     metrics = trainer.step().metrics
     assert metrics["adv/abs_mean"] > 0  # the rewards still differ: only the loss is masked
@@ -43,14 +43,14 @@ def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, 
     trainer = make_trainer()
     metrics = trainer.step().metrics
     assert 0.0 <= metrics["rollout/logp_diff"] < 1e-4  # fp32, the same weights: the same policy
-    generate = trainer._generate
+    generate = trainer.producer.generate
 
     def shifted(*args, **kwargs):
         rollouts = generate(*args, **kwargs)
         rollouts.logp = rollouts.logp + 0.5 * rollouts.completion_mask  # a sampler that is off by 0.5 nats
         return rollouts
 
-    monkeypatch.setattr(trainer, "_generate", shifted)
+    monkeypatch.setattr(trainer.producer, "generate", shifted)
     assert trainer.step().metrics["rollout/logp_diff"] == pytest.approx(0.5, abs=1e-3)
     assert "rollout/logp_diff" not in make_trainer("rollout.top_p=0.9", run_dir=trainer.run_dir.parent / "p").step().metrics
 
@@ -58,18 +58,18 @@ def test_sampler_and_trainer_log_probs_agree_and_a_mismatch_shows(make_trainer, 
 def test_top_entropy_quantile_keeps_that_share_of_the_tokens(make_trainer):
     """algo.top_entropy_quantile=q: the loss keeps the top q of the tokens by entropy (one micro-batch here)."""
     trainer = make_trainer("algo.top_entropy_quantile=0.25")
-    generate, seen = trainer._generate, {}
+    generate, seen = trainer.producer.generate, {}
 
     def record(*args, **kwargs):
         seen["rollouts"] = generate(*args, **kwargs)
         return seen["rollouts"]
 
-    trainer._generate = record
+    trainer.producer.generate = record
     metrics = trainer.step().metrics
     tokens = int(seen["rollouts"].completion_mask.sum())
     assert 0.25 <= metrics["policy/entropy_kept_frac"] <= 0.25 + 1.0 / tokens + 1e-6
     lone = make_trainer("algo.top_entropy_quantile=1e-9", run_dir=trainer.run_dir.parent / "lone")
-    lone._generate = record
+    lone.producer.generate = record
     metrics = lone.step().metrics  # only the one highest-entropy token of the batch
     assert metrics["policy/entropy_kept_frac"] == pytest.approx(1.0 / int(seen["rollouts"].completion_mask.sum()))
     assert "policy/entropy_kept_frac" not in make_trainer(run_dir=trainer.run_dir.parent / "all").step().metrics

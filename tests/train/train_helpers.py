@@ -156,3 +156,26 @@ def start_script(body: str, *, env: dict | None = None) -> subprocess.Popen:
     """Start HELPERS + body in a new Python process (stdout and stderr merged, text)."""
     argv, full_env = _script(body, env)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
+
+
+def dies_in_worker_reward(prompts, completions, **columns):
+    """test_varied's values, but the call that runs in a rollout worker whose parent asked for it (ASYNC_KILL_AT:
+    the k-th call of that process) kills its own process, as the OOM killer would."""
+    import signal
+
+    dies_in_worker_reward.calls = getattr(dies_in_worker_reward, "calls", 0) + 1
+    if os.environ.get("ASYNC_KILL_AT") == str(dies_in_worker_reward.calls) and os.getpid() != int(
+            os.environ.get("ASYNC_TRAINER_PID", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return varied_reward(prompts, completions)
+
+
+dies_in_worker_reward.in_process = True
+
+
+def wrong_count_reward(prompts, completions, **columns):
+    """One value too few: the runner's RewardOutputError, whichever process calls it."""
+    return [0.0] * (len(completions) - 1)
+
+
+wrong_count_reward.in_process = True

@@ -229,6 +229,10 @@ def main(args) -> int:
         from grpo.tracking.rundir import check_output_file
 
         check_output_file(args.output, "--output")
+    if getattr(args, "async_rollouts", False):  # rollout.mode=async against sync, whole runs (async_rollouts.py)
+        from grpo.bench import async_rollouts
+
+        return async_rollouts.main(args)
     if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
         from grpo.bench import versus_trl
 

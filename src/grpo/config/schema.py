@@ -70,6 +70,16 @@ class RolloutConfig(_Section):
     engine: Literal["native", "vllm"] = Field("native", description="what generates the rollouts: native = our "
                                              "KV-cached decoder on the training model; vllm = a vLLM engine in the "
                                              "trainer's process, weights synced every step (pip install 'grpo[vllm]')")
+    mode: Literal["sync", "async"] = Field("sync", description="sync: each step samples with the current policy, "
+                                          "then updates; async: a worker process samples the next batches while "
+                                          "the trainer updates (at most rollout.max_staleness steps behind; pi_old "
+                                          "is the sampler's log-probs)")
+    max_staleness: int = Field(1, ge=0, description="rollout.mode=async: K, how many optimizer steps the sampling "
+                               "policy may lag the one it updates (0: the sync schedule in another process)")
+    worker_threads: int | None = Field(None, ge=1, description="rollout.mode=async: CPU threads of the rollout "
+                                       "worker (None: half of torch's; the trainer keeps the rest)")
+    worker_timeout_s: float = Field(900.0, gt=0.0, description="rollout.mode=async: stop the run (with a checkpoint) "
+                                    "when the worker produces no batch for this long")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="rollout.engine=vllm on CUDA: the "
                                                "fraction of GPU memory vLLM may take (weights + KV cache), the rest "
                                                "is the trainer's")

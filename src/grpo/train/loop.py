@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.errors import HealthGuardError, Preempted
+from grpo.errors import HealthGuardError, Preempted, RolloutWorkerError
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
@@ -198,7 +198,12 @@ class _Run:
     def step(self, metrics_file: JsonlWriter, samples_file: JsonlWriter, tb=None) -> None:
         trainer, cfg = self.trainer, self.cfg
         with self.clock.time("rl_steps"):
-            result = trainer.step()
+            try:
+                result = trainer.step()
+            except RolloutWorkerError as e:  # rollout.mode=async: the worker died or hung; nothing of the step ran
+                if self.guard.requested:  # a SIGTERM to the job reaches the worker too: this is the stop request
+                    raise Preempted(self.stop(), self.guard.signal_name) from e
+                raise self.unhealthy(e) from e
         step, metrics = trainer.step_count, result.metrics
         uids = [p.uid for p in result.rollouts.prompts]
         if metrics["train/skipped_updates"] > 0:
@@ -310,6 +315,7 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
             run.trackers.close()  # a failure: close the trackers' runs (else _finish does, after the summary)
             raise
         finally:
+            trainer.rollouts.close()  # rollout.mode=async: the worker stops (the final evaluation samples here)
             con.stop()
             metrics_file.close()
             samples_file.close()

@@ -97,7 +97,7 @@ def measure(trainer, n_groups: int, start: int = 0) -> dict:
         env = task_environment(trainer.task, trainer.tokenizer)  # a task with tools: whole episodes, as a step
         with generation(trainer.policy, trainer.dist):
             rollouts = run_episodes(trainer.sampler, prompts, G, env, **env_limits(cfg))
-        scores = trainer._score(rollouts)
+        scores = trainer.producer.score(rollouts)
         gap = _logp_gap(trainer, rollouts)
     finally:
         restore_rng_state(saved)

@@ -19,15 +19,14 @@ import torch
 
 from grpo.algo import zero_std_groups
 from grpo.algo.registry import advantage_estimator
-from grpo.config import Config, ConfigError
+from grpo.config import Config
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_prompt_chars, check_rows
 from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
-from grpo.rewards.runner import RewardResult, reward_mean_std
-from grpo.rewards.specs import reward_specs
+from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.trackers import check_trackers
@@ -35,12 +34,13 @@ from grpo.train.budget import check_step_fits
 from grpo.train.defaults import print_note, report_defaults, small_model_note
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
-from grpo.rollout.episodes import run_episodes
 from grpo.train.evaluate import evaluate_model, held_out_pool, split_held_out
-from grpo.train.episodes import apply_env_rewards, env_limits, env_metrics, episode_columns, task_environment
+from grpo.train.episodes import env_limits, env_metrics, task_environment
 from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.train.step_result import StepResult
+from grpo.train.rollout_source import (BatchProducer, ScoredBatch, SyncRollouts, behaviour_logprobs,
+                                       resolve_reward_specs)
 from grpo.types import Rollouts
 
 log = logging.getLogger("grpo.train")
@@ -50,6 +50,12 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _producer_part(name: str, doc: str) -> property:
+    """The trainer's name for a part of its BatchProducer (one owner; setting it replaces the producer's)."""
+    return property(lambda self: getattr(self.producer, name), lambda self, v: setattr(self.producer, name, v),
+                    doc=doc)
 
 
 class Trainer:
@@ -77,7 +83,7 @@ class Trainer:
         # Splits come before the model: a data problem fails fast, before any warm-up or load.
         self.train_prompts = self.task.split("train", cfg.data.train_size)
         held_out = held_out_pool(self.task, cfg.eval.n, cfg.eval.val_n)  # test, then validation (split_held_out)
-        reward_specs = self._reward_specs(reward_functions)
+        self.reward_specs = reward_specs = resolve_reward_specs(cfg, self.task, reward_functions)
         self.train_prompts, held_out = check_rows(self.train_prompts, held_out, reward_specs, cfg)
         self.train_prompts, held_out = check_prompt_chars(self.train_prompts, held_out, tokenizer, cfg)  # 20 MB rows
         from grpo.rewards.code_exec import prepare_code_rewards  # reward.sandbox; no sandbox: refuse before loading
@@ -102,10 +108,13 @@ class Trainer:
         self.device = next(self.policy.parameters()).device
         self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
-        self.sampler = build_engine(cfg, self.policy, self.tokenizer, path, self.dist)  # rollout.engine: native|vllm
-        self.env_factory = task_environment(self.task, self.tokenizer)  # None: single-turn (train/episodes.py)
-        self.rewards = RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
-                                    max_failure_frac=cfg.reward.max_failure_frac)
+        # one step's rollouts and rewards (rollout_source.py); sampler, env_factory, rewards and stream are its parts
+        self.producer = BatchProducer(
+            cfg, self.policy, build_engine(cfg, self.policy, self.tokenizer, path, self.dist),  # native | vllm
+            self.tokenizer, task_environment(self.task, self.tokenizer),  # None: single-turn (train/episodes.py)
+            RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
+                         max_failure_frac=cfg.reward.max_failure_frac),
+            PromptStream(self.train_prompts, cfg.train.seed), self.dist)
         total_updates = cfg.train.steps * cfg.algo.epochs
         self.optimizer, self.scheduler = build_optimizer(self.policy.parameters(), cfg.optim, total_updates)
         self.critic = None
@@ -113,106 +122,53 @@ class Trainer:
             from grpo.train.ppo import Critic
 
             self.critic = Critic(self.policy, cfg, total_updates, self.dist)
-        self.stream = PromptStream(self.train_prompts, cfg.train.seed)
+        self.rollouts = rollout_source(self, path)  # rollout.mode: sync (here, between updates) or async (a worker)
         self.step_count = 0
         self.setup_s = time.perf_counter() - t_setup  # counted in the run's wall time (train/loop.py)
+
+    sampler = _producer_part("sampler", "the rollout engine (rollout.engine)")
+    env_factory = _producer_part("env_factory", "the task's EnvironmentFactory, None for a single-turn task")
+    rewards = _producer_part("rewards", "the RewardRunner")
+    stream = _producer_part("stream", "the PromptStream of the training prompts (its state is checkpointed)")
 
     # ------------------------------------------------------------------ one step
     def step(self) -> StepResult:
         """One GRPO (or PPO) step on the next P prompts, one line a stage (docs/ARCHITECTURE.md walks through it)."""
         t0 = time.perf_counter()
-        rollouts, scores, gen_s, reward_s = self._sample_and_score()  # rollout/ + rewards/ (DAPO: resample)
+        scored = self.rollouts.next(self.step_count)  # rollout/ + rewards/; async: sampled ahead, <= K steps old
+        rollouts, scores = scored.rollouts, scored.scores
         batch = self._policy_batch(rollouts)                           # the update's tensors, on the training device
-        self._old_and_ref_logprobs(batch)                              # pi_old (mu > 1, PPO), pi_ref (beta > 0)
+        self._old_and_ref_logprobs(batch, scored)                      # pi_old (mu > 1, PPO, async), pi_ref (beta > 0)
         t1 = time.perf_counter()
         batch.adv, metrics = self._advantages(batch, scores.total)     # algo/registry.py; PPO: GAE with the critic
         metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.cfg, self.dist,
                                  kl_in_loss=self.critic is None)       # PPO: the KL is in the reward, not the loss
-        self.sampler.sync_weights(self.policy)                         # vLLM: the engine gets the new weights
         if self.critic is not None:
             metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1
+        self.rollouts.sync_weights(self.policy, self.step_count)       # vLLM engine / async worker: the new weights
         metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
-        metrics |= self._perf_metrics(rollouts, t0, t1, gen_s, reward_s)
+        metrics |= self._perf_metrics(rollouts, t0, t1, scored.generate_s, scored.reward_s) | self.rollouts.metrics()
         # several processes: the job's metrics, the same on every rank
         return StepResult(rollouts, scores, batch.adv, self.dist.reduce_metrics(metrics))
 
-    def _sample_and_score(self):
-        """Sample and score -> (rollouts, scores, generate seconds, reward seconds); with algo.drop_zero_std_groups
-        (DAPO) keep sampling until P informative groups."""
-        cfg, P, G = self.cfg, self.cfg.rollout.prompts_per_step, self.cfg.rollout.group_size
-        kept_r, kept_s, gen_s, reward_s = [], [], 0.0, 0.0
-        rounds = cfg.algo.max_resample_batches if cfg.algo.drop_zero_std_groups else 1
-        P_rank = P // self.dist.world_size  # every rank takes its slice of the same global P prompts
-        for round_ in range(rounds):
-            t = time.perf_counter()
-            rollouts = self._generate(self.dist.shard(self.stream.next(P)), G, round_)
-            gen_s += time.perf_counter() - t
-            t = time.perf_counter()
-            scores = self._score(rollouts)
-            reward_s += time.perf_counter() - t
-            if cfg.algo.drop_zero_std_groups:
-                last = rollouts, scores
-                keep = (~zero_std_groups(scores.total, G)).nonzero()[:, 0].tolist()
-                rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
-            kept_r.append(rollouts)
-            kept_s.append(scores)
-            if self.dist.all(sum(len(r.prompts) for r in kept_r) >= P_rank):  # ranks stop together
-                break
-        rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
-        scores = concat_scores(kept_s)
-        if cfg.algo.drop_zero_std_groups and not rollouts.prompts:  # nothing informative in any round: the last
-            # round's groups, whose advantages are all 0 (so the metrics and samples still describe what was drawn)
-            rollouts, scores = last
-        if len(rollouts.prompts) > P_rank:
-            keep = list(range(P_rank))
-            rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
-        return rollouts, scores, gen_s, reward_s
-
-    def _generate(self, prompts, G: int, round_: int) -> Rollouts:
-        """Sample G completions per prompt. rollout.seed_per_prompt: one generator per prompt, seeded by
-        (train.seed, step, round, uid), so the rollouts do not depend on batching or the world size; several
-        processes: one generator per (step, round, rank); otherwise the global RNG."""
-        d, seed, step = self.dist, self.cfg.train.seed, self.step_count
-        with generation(self.policy, d):  # FSDP: weights gathered once, decoding without collectives
-            if self.cfg.rollout.seed_per_prompt:  # one call; each group draws from its own generator
-                gen = [d.step_generator(seed, step, round_, p.uid, self.device) for p in prompts]
-            else:
-                gen = d.step_generator(seed, step, round_, device=self.device) if d.enabled else None
-            # no environment: one turn, exactly sampler.generate
-            return run_episodes(self.sampler, prompts, G, self.env_factory, generator=gen, **env_limits(self.cfg))
-
-    def _score(self, rollouts: Rollouts):
-        G = rollouts.group_size
-        columns: dict[str, list] = {"answer": [p.answer for p in rollouts.prompts for _ in range(G)]}
-        for key in rollouts.prompts[0].meta if rollouts.prompts else []:
-            columns[key] = [p.meta.get(key) for p in rollouts.prompts for _ in range(G)]
-        prompts = [p.text for p in rollouts.prompts for _ in range(G)]
-        columns |= episode_columns(rollouts)  # episodes: the transcript as `messages`; final policy turn scored
-        return apply_env_rewards(self.rewards(prompts, rollouts.texts, columns), rollouts)
-
     def _policy_batch(self, rollouts: Rollouts) -> PolicyBatch:
-        cfg = self.cfg
-        mask = (rollouts.completion_mask if rollouts.loss_mask is None else rollouts.loss_mask).float()  # episodes:
-        # the policy's tokens only; the environment's are attended (attention_mask) but carry no loss and no KL
-        if cfg.algo.mask_truncated:  # a cut-off completion's reward says little about its tokens (DAPO section 3.3)
-            mask = mask * (~rollouts.truncated).to(mask.dtype)[:, None]
-        batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
-                            completion_ids=rollouts.completion_ids, mask=mask,
-                            adv=torch.zeros(rollouts.num_completions, device=self.device),
-                            group_size=rollouts.group_size,
-                            # top-p renormalises the sampler's distribution: its log-probs are not comparable then
-                            sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None,
-                            attention_mask=None if rollouts.loss_mask is None else rollouts.completion_mask)
+        batch = PolicyBatch.from_rollouts(rollouts, self.cfg, self.device)
         align_batch(batch, self.dist, self.tokenizer.pad_token_id)  # several processes: equal shapes on all ranks
         return batch
 
-    def _old_and_ref_logprobs(self, batch: PolicyBatch) -> None:
-        """Fill batch.old_logp (pi_old: mu > 1 or PPO; mu = 1 leaves it None, the ratio is 1 and pi_old is
-        logp.detach()) and batch.ref_logp (pi_ref: kl.coef > 0), each (N, T), without gradients."""
+    def _old_and_ref_logprobs(self, batch: PolicyBatch, scored: ScoredBatch) -> None:
+        """Fill batch.old_logp (pi_old) and batch.ref_logp (pi_ref: kl.coef > 0), each (N, T), without gradients.
+
+        pi_old is the policy that sampled the batch. A batch sampled by an older policy (async, staleness > 0) takes
+        the sampler's own log-probs, so the clipped ratio is pi_theta / pi_sampler as in the seed's formula; a batch of
+        the current policy takes them from this policy when mu > 1 or PPO, and mu = 1 leaves old_logp None (the ratio
+        is 1 and pi_old is logp.detach())."""
         cfg = self.cfg
         budget, temp, chunk = cfg.optim.micro_batch_tokens, cfg.rollout.temperature, cfg.optim.logprob_chunk_tokens
-        if cfg.algo.epochs > 1 or self.critic is not None:
+        if self.step_count > scored.policy_version:
+            batch.old_logp = behaviour_logprobs(scored, batch.mask)
+        elif cfg.algo.epochs > 1 or self.critic is not None:
             batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk)
         if self.ref is not None:
             with self.ref.active() as ref_model:
@@ -255,22 +211,6 @@ class Trainer:
                 "rollout/truncated_frac": float(rollouts.truncated.float().mean()),
                 "rollout/groups": float(len(rollouts.prompts))} | env_metrics(rollouts)
 
-    def _reward_specs(self, reward_functions):
-        """(name, fn, weight) of each reward (grpo.rewards.specs): the given functions, else reward.functions, else
-        the task's own; reward.weights replaces the weights."""
-        if reward_functions is not None:
-            specs = reward_specs(reward_functions)
-        elif self.cfg.reward.functions is not None:
-            specs = reward_specs(self.cfg.reward.functions)  # 'my_rewards.py:accuracy' logs as 'accuracy'
-        else:
-            specs = list(self.task.reward_functions())
-        if self.cfg.reward.weights is not None:
-            if len(self.cfg.reward.weights) != len(specs):
-                raise ConfigError(f"reward.weights has {len(self.cfg.reward.weights)} entries for {len(specs)} "
-                                  f"reward functions {[s[0] for s in specs]}")
-            specs = [(s[0], s[1], w, *s[3:]) for s, w in zip(specs, self.cfg.reward.weights)]
-        return specs
-
     # ------------------------------------------------------------------ evaluation and the whole run
     def evaluate(self, progress=None, split: str = "test") -> dict:
         """Greedy pass@1 on the test problems (split="test", the reported result) or the validation problems
@@ -298,24 +238,19 @@ class Trainer:
         return run_training(self, resume=resume, overwrite=overwrite)
 
     def close(self) -> None:
+        self.rollouts.close()
         self.rewards.close()
         self.dist.close()
 
 
-def select_groups(scores, groups: list[int], group_size: int):
-    """The RewardResult rows of the given groups (dynamic sampling keeps only informative groups)."""
-    rows = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
-    return RewardResult(total=scores.total[rows], per_function={k: v[rows] for k, v in scores.per_function.items()},
-                        missing=scores.missing[rows], metrics=scores.metrics)
+def rollout_source(trainer: Trainer, model_dir):
+    """The trainer's source of scored batches for rollout.mode: SyncRollouts, or AsyncRollouts (a worker process
+    started at the first step; train/async_rollouts.py)."""
+    if trainer.cfg.rollout.mode == "sync":
+        return SyncRollouts(trainer.producer)
+    from grpo.train.async_rollouts import AsyncRollouts
 
-
-def concat_scores(parts):
-    """Join the RewardResults of several generation rounds; metrics are those of the first round."""
-    if len(parts) == 1:
-        return parts[0]
-    return RewardResult(total=torch.cat([p.total for p in parts]), missing=torch.cat([p.missing for p in parts]),
-                        per_function={k: torch.cat([p.per_function[k] for p in parts]) for k in parts[0].per_function},
-                        metrics=parts[0].metrics)
+    return AsyncRollouts(trainer, model_dir)
 
 
 def default_run_dir(cfg: Config) -> Path:

@@ -42,6 +42,21 @@ class PolicyBatch:
     attention_mask: torch.Tensor | None = None  # (N, T) what the forward attends; None: `mask` (multi-turn
     # episodes: environment tokens are attended but carry no loss, grpo.rollout.episodes)
 
+    @classmethod
+    def from_rollouts(cls, rollouts, cfg, device) -> "PolicyBatch":
+        """The batch of a Rollouts (advantages still 0): the loss mask is the policy's tokens (episodes: not the
+        environment's, which are attended but carry no loss and no KL), without truncated completions when
+        algo.mask_truncated (DAPO section 3.3: a cut-off completion's reward says little about its tokens)."""
+        mask = (rollouts.completion_mask if rollouts.loss_mask is None else rollouts.loss_mask).float()
+        if cfg.algo.mask_truncated:
+            mask = mask * (~rollouts.truncated).to(mask.dtype)[:, None]
+        return cls(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
+                   completion_ids=rollouts.completion_ids, mask=mask,
+                   adv=torch.zeros(rollouts.num_completions, device=device), group_size=rollouts.group_size,
+                   # top-p renormalises the sampler's distribution: its log-probs are not comparable then
+                   sampler_logp=rollouts.logp if cfg.rollout.top_p == 1.0 else None,
+                   attention_mask=None if rollouts.loss_mask is None else rollouts.completion_mask)
+
     @property
     def num_groups(self) -> int:
         return self.prompt_ids.shape[0]

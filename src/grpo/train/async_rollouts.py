@@ -1,0 +1,200 @@
+"""rollout.mode=async: a worker process samples and scores the next batches while the trainer updates.
+
+    trainer (this process)                          worker (grpo.train.rollout_worker, spawned at the first step)
+    step s: batch = queue.get()   <--------------   batch s+1, s+2 ... sampled with policy version >= s+1-K
+            update with pi_old = the sampler's log-probs (the policy that sampled; Trainer._old_and_ref_logprobs)
+            weights.publish(policy, s+1)  ------->  (shared memory, one copy: grpo.train.shared_weights)
+
+K = rollout.max_staleness bounds how many optimizer steps the sampling policy may lag: the worker does not start
+step s's batch before version s - K is published, so a batch is never older than K (a batch that were would be
+dropped and counted in rollout/dropped_stale). K = 0 is the synchronous schedule with the sampling in another
+process: the same updates, bitwise. Each batch carries the version it was sampled with (rollout/staleness) and
+the prompt stream's state after it (a checkpoint resumes after the last batch trained on; the batches sampled
+ahead are sampled again after a resume, with the resumed weights).
+
+The trainer never waits on the worker without a bound: a worker that dies is noticed within a poll (0.2 s), one
+that produces nothing for rollout.worker_timeout_s (after its start-up, at most STARTUP_S) is killed; both raise RolloutWorkerError, which stops the run with
+a checkpoint (train/loop.py). An exception inside the worker is raised here as it was (a RewardOutputError stays
+one). The CPU threads are split: the worker takes rollout.worker_threads (default half), the trainer the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue as queue_module
+import time
+
+import torch
+
+from grpo.config import ConfigError
+from grpo.errors import RolloutWorkerError
+from grpo.train.rollout_source import ScoredBatch
+from grpo.train.rollout_worker import WorkerFailure, WorkerSpec, worker_main
+from grpo.train.shared_weights import SharedWeights
+
+log = logging.getLogger("grpo.train")
+POLL_S = 0.2
+STARTUP_S = 600.0  # the worker's imports and model load, before rollout.worker_timeout_s applies
+
+
+class AsyncRollouts:
+    """The trainer's side: `next(step)` returns the step's ScoredBatch from the worker, `sync_weights` publishes the
+    policy after each optimizer step, `close` stops the worker. trainer: grpo.train.trainer.Trainer (its cfg, policy,
+    prompts, task, reward specs and stream); model_dir: the directory the policy was loaded from."""
+
+    def __init__(self, trainer, model_dir):
+        cfg = trainer.cfg
+        check_async_config(cfg, trainer.dist)
+        self.trainer, self.cfg, self.K = trainer, cfg, cfg.rollout.max_staleness
+        self.spec = worker_spec(trainer, model_dir)
+        self.proc = None
+        self.dropped = 0
+        self.staleness = 0.0
+        self.wait_s = 0.0
+        self._threads = None
+
+    def next(self, step: int) -> ScoredBatch:
+        if self.proc is None:
+            self._start(step)
+        while True:
+            t = time.perf_counter()
+            item = self._get()
+            self.wait_s = time.perf_counter() - t
+            if step - item.policy_version > self.K:  # cannot happen with the worker's wait; counted if it does
+                self.dropped += 1
+                continue
+            self.staleness = float(step - item.policy_version)
+            self.trainer.stream.load_state_dict(item.stream_state)  # a checkpoint resumes after this batch
+            return item
+
+    def sync_weights(self, policy, version: int) -> None:
+        """Publish the policy after an optimizer step (one copy; the worker loads it before its next batch)."""
+        if self.proc is None:
+            return
+        try:
+            self.weights.publish(policy, version, timeout_s=self.cfg.rollout.worker_timeout_s)
+        except TimeoutError as e:  # the worker died or hung while copying the weights out, holding the lock
+            self.close(kill=True)
+            raise RolloutWorkerError(f"the rollout worker held the weights for rollout.worker_timeout_s="
+                                     f"{self.cfg.rollout.worker_timeout_s:g} s without releasing them ({e})") from e
+
+    def metrics(self) -> dict[str, float]:
+        """rollout/staleness: optimizer steps between the policy that sampled this batch and the one it updates;
+        rollout/dropped_stale: batches older than K dropped so far; perf/wait_s: seconds the trainer waited for it."""
+        return {"rollout/staleness": self.staleness, "rollout/dropped_stale": float(self.dropped),
+                "perf/wait_s": self.wait_s}
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker (asked, then killed after 10 s; kill: at once) and give the trainer its threads back."""
+        if self.proc is None:
+            return
+        self.stop.set()
+        _drain(self.queue)
+        self.proc.join(timeout=0 if kill else 10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.proc = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+
+    # ------------------------------------------------------------------ the worker
+    def _start(self, step: int) -> None:
+        ctx = torch.multiprocessing.get_context("spawn")
+        self.weights = SharedWeights(self.trainer.policy, ctx)
+        self.weights.publish(self.trainer.policy, step)
+        self.queue, self.stop, self.ready = ctx.Queue(maxsize=self.K + 1), ctx.Event(), ctx.Event()
+        total = torch.get_num_threads()
+        worker_threads = self.cfg.rollout.worker_threads or max(1, total // 2)
+        self.proc = ctx.Process(target=worker_main, name="grpo-rollout-worker", daemon=True,
+                                args=(self.spec, self.weights, self.queue, self.stop, self.ready, step,
+                                      self.trainer.stream.state_dict(), worker_threads))
+        self.proc.start()
+        self.started = time.monotonic()
+        self._threads = total
+        torch.set_num_threads(max(1, total - worker_threads))
+        log.info("rollout worker %d started at step %d (max_staleness=%d, %d threads; the trainer keeps %d)",
+                 self.proc.pid, step, self.K, worker_threads, torch.get_num_threads())
+
+    def _get(self) -> ScoredBatch:
+        """The next item of the queue, waiting at most rollout.worker_timeout_s; a failure in the worker is raised."""
+        timeout = self.cfg.rollout.worker_timeout_s
+        deadline, start_limit = time.monotonic() + timeout, self.started + STARTUP_S
+        while True:
+            try:
+                item = pickle.loads(self.queue.get(timeout=POLL_S))  # bytes (rollout_worker._put)
+                break
+            except queue_module.Empty:
+                pass
+            except (OSError, EOFError, pickle.UnpicklingError) as e:  # the pipe broke: the worker is gone
+                self.close()
+                raise RolloutWorkerError(f"the rollout worker's queue broke ({e!r}); the worker died") from e
+            if not self.ready.is_set() and time.monotonic() < start_limit:  # still importing and loading the model
+                deadline = time.monotonic() + timeout
+            if not self.proc.is_alive():
+                code = self.proc.exitcode
+                self.close()
+                raise RolloutWorkerError(f"the rollout worker exited (code {code}) without a batch: killed (by the "
+                                         "system, out of memory?) or crashed (its traceback is above; a script that "
+                                         "trains at import needs `if __name__ == '__main__':`, the worker is "
+                                         "spawned and imports the main module)")
+            if time.monotonic() > deadline:
+                self.close(kill=True)  # hung: asking it to stop would wait for nothing
+                raise RolloutWorkerError(f"the rollout worker produced no batch in rollout.worker_timeout_s="
+                                         f"{self.cfg.rollout.worker_timeout_s:g} s; it was stopped. Raise the limit "
+                                         "for slow generation or rewards")
+        if isinstance(item, WorkerFailure):
+            self.close()
+            if item.error is not None:
+                log.debug("rollout worker traceback:\n%s", item.text)
+                raise item.error
+            raise RolloutWorkerError(f"the rollout worker failed:\n{item.text}")
+        return item
+
+
+def check_async_config(cfg, dist) -> None:
+    """What rollout.mode=async cannot do yet, refused with the reason."""
+    if cfg.rollout.engine != "native":
+        raise ConfigError("rollout.mode=async runs the native sampler in a worker process; rollout.engine=vllm is "
+                          "not supported there yet (use rollout.mode=sync with vLLM)")
+    if dist.enabled:
+        raise ConfigError("rollout.mode=async is one trainer process and one rollout worker; under torchrun "
+                          "(several processes) use rollout.mode=sync")
+
+
+def worker_spec(trainer, model_dir) -> WorkerSpec:
+    """What the worker needs, checked to pickle now (a clear error before any work, not a failure in the worker).
+    Reward functions read from a file (reward.functions=[file.py:fn]) do not pickle: the worker reads them again."""
+    cfg = trainer.cfg
+    specs = trainer.reward_specs
+    if not _pickles(specs):
+        if cfg.reward.functions is None:
+            names = [s[0] for s in specs if not _pickles(s)]
+            raise ConfigError(f"rollout.mode=async sends the reward functions to the rollout worker and {names} "
+                              "cannot be pickled (a lambda or a local function?): define them at module level, "
+                              "or use rollout.mode=sync")
+        specs = None  # rebuilt from cfg.reward.functions in the worker
+    env_task = trainer.task if trainer.env_factory is not None else None
+    if env_task is not None and not _pickles(env_task):
+        raise ConfigError(f"rollout.mode=async sends the task to the rollout worker and {type(env_task).__name__} "
+                          "cannot be pickled; use rollout.mode=sync")
+    return WorkerSpec(cfg=cfg, model_dir=model_dir, train_prompts=trainer.train_prompts, env_task=env_task,
+                      reward_specs=specs)
+
+
+def _pickles(obj) -> bool:
+    try:
+        pickle.dumps(obj)
+        return True
+    except Exception:  # noqa: BLE001 - any reason it does not pickle
+        return False
+
+
+def _drain(q) -> None:
+    """Empty a queue so that a worker blocked on put sees the stop request."""
+    try:
+        while True:
+            q.get_nowait()
+    except (queue_module.Empty, OSError, ValueError):
+        pass

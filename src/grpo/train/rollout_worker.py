@@ -1,0 +1,149 @@
+"""The rollout worker of rollout.mode=async: a process that samples and scores batches ahead of the trainer.
+
+    for step = start, start + 1, ...:
+        wait until the trainer has published policy version >= step - K      (K = rollout.max_staleness)
+        load the newest published weights (one copy, shared memory: grpo.train.shared_weights)
+        sample + score the step's batch (grpo.train.rollout_source.BatchProducer, rewards and episodes included)
+        put ScoredBatch(policy_version=the version it sampled with) on the bounded queue
+
+Batches are sampled from generators seeded by (train.seed, step, round) (or per prompt with rollout.seed_per_prompt),
+so what the worker samples depends on the step and the weights only. With K = 0 the worker waits for every update,
+and the trainer's updates are bitwise those of rollout.mode=sync (tests/train/test_async_rollouts.py).
+
+The worker owns its prompt stream (a copy of the trainer's, started at its state) and reports the stream's state
+with each batch; it ignores SIGINT (Ctrl-C reaches the whole process group; the trainer decides when to stop and tells it) and exits when its
+parent is gone. An exception is sent to the trainer, which raises it (grpo.train.async_rollouts).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class WorkerSpec:
+    """What the worker rebuilds its side from: the config, the model directory the trainer loaded, the trainer's
+    training prompts (after its checks), the task when it has an environment (None: single-turn), and the reward
+    specs (None: rebuilt from cfg.reward.functions, for functions read from a file, which do not pickle)."""
+
+    cfg: object
+    model_dir: Path
+    train_prompts: list
+    env_task: object | None
+    reward_specs: list | None
+
+
+@dataclass
+class WorkerFailure:
+    """An exception in the worker: the exception itself when it pickles (the trainer raises it as it is: a user
+    error stays a user error), else None, and the traceback text."""
+
+    error: BaseException | None
+    text: str
+
+
+def worker_main(spec: WorkerSpec, weights, queue, stop, ready, start_step: int, stream_state: dict,
+                threads: int) -> None:
+    """The worker process's entry point (multiprocessing spawn). queue: bounded, of ScoredBatch | WorkerFailure;
+    stop: an Event the trainer sets to end the worker; ready: set once the model is loaded."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer handles it
+    parent = os.getppid()
+
+    def should_stop() -> bool:
+        return stop.is_set() or os.getppid() != parent
+
+    try:
+        torch.set_num_threads(threads)
+        producer, policy = build_producer(spec, stream_state)
+        ready.set()
+        run_worker(producer, policy, spec.cfg, weights, queue, should_stop, start_step)
+    except BaseException as e:  # noqa: BLE001 - everything goes to the trainer, which decides
+        _put(queue, WorkerFailure(_picklable(e), traceback.format_exc()), should_stop)
+
+
+def run_worker(producer, policy, cfg, weights, queue, should_stop, start_step: int) -> None:
+    """Produce batches start_step, start_step + 1, ... until should_stop() (see the module's docstring)."""
+    from grpo.train.rollout_source import ScoredBatch
+
+    K, version, step = cfg.rollout.max_staleness, None, start_step
+    while not should_stop():
+        if not weights.wait_for(step - K, should_stop):
+            return
+        if weights.current() != version:
+            version = weights.load_into(policy)
+        rollouts, scores, gen_s, reward_s = producer.produce(step, per_step_generators=True)
+        behaviour = None
+        if cfg.rollout.top_p < 1.0:  # the sampler's log-probs are of the truncated distribution: the full one
+            behaviour = full_distribution_logprobs(policy, rollouts, cfg)
+        batch = ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=version,
+                            stream_state=producer.stream.state_dict(), behaviour_logp=behaviour)
+        if not _put(queue, batch, should_stop):
+            return
+        step += 1
+
+
+def build_producer(spec: WorkerSpec, stream_state: dict):
+    """The worker's BatchProducer and policy, built as the trainer built its own (same config, model directory,
+    prompts and rewards)."""
+    from grpo.data.stream import PromptStream
+    from grpo.models.loading import load_policy
+    from grpo.rewards import RewardRunner
+    from grpo.rewards.code_exec import prepare_code_rewards
+    from grpo.rollout.factory import build_engine
+    from grpo.train.episodes import task_environment
+    from grpo.train.rollout_source import BatchProducer, resolve_reward_specs
+
+    cfg = spec.cfg
+    policy, tokenizer = load_policy(cfg, spec.model_dir)
+    policy.eval()
+    specs = spec.reward_specs if spec.reward_specs is not None else resolve_reward_specs(cfg, None, None)
+    prepare_code_rewards(specs, spec.train_prompts, cfg.reward.sandbox)  # the sandbox mode is per process
+    rewards = RewardRunner(functions=specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
+                           max_failure_frac=cfg.reward.max_failure_frac)
+    stream = PromptStream(spec.train_prompts, cfg.train.seed)
+    stream.load_state_dict(stream_state)
+    sampler = build_engine(cfg, policy, tokenizer, spec.model_dir)
+    env = task_environment(spec.env_task, tokenizer) if spec.env_task is not None else None
+    return BatchProducer(cfg, policy, sampler, tokenizer, env, rewards, stream), policy
+
+
+@torch.no_grad()
+def full_distribution_logprobs(policy, rollouts, cfg) -> torch.Tensor:
+    """(N, T) log-probs of the sampled tokens under `policy`'s tempered distribution, by the trainer's forward."""
+    from grpo.train.rollout_source import policy_batch
+    from grpo.train.update import batch_logprobs
+
+    batch = policy_batch(rollouts, cfg, next(policy.parameters()).device)
+    return batch_logprobs(policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
+                          cfg.optim.logprob_chunk_tokens)
+
+
+def _put(queue, item, should_stop, poll_s: float = 0.2) -> bool:
+    """Put on the bounded queue as plain pickled bytes, waiting while it is full; False when should_stop() turned
+    true first. Bytes, not torch's shared-memory tensors: those are handed over through this process, so a batch
+    would be lost if the worker died before the trainer took it."""
+    import queue as queue_module
+
+    item = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    while not should_stop():
+        try:
+            queue.put(item, timeout=poll_s)
+            return True
+        except queue_module.Full:
+            continue
+    return False
+
+
+def _picklable(e: BaseException) -> BaseException | None:
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001 - any failure to pickle: send the text only
+        return None
