@@ -44,7 +44,7 @@ def run_one(spec: dict, mode: str, seed: int, work: Path) -> dict:
     """One `grpo train` process -> its figures (from summary.json and metrics.jsonl)."""
     out = work / f"{mode}-seed{seed}"
     cmd = [sys.executable, "-m", "grpo.cli", "train", *overrides(spec, mode, seed), "--output-dir", str(out)]
-    t = time.perf_counter()
+    t, load_before = time.perf_counter(), os.getloadavg()[0]
     env = os.environ | {"PYTHONUNBUFFERED": "1"} | ({"OMP_NUM_THREADS": "1"} if mode == "sync_1thread" else {})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -58,6 +58,7 @@ def run_one(spec: dict, mode: str, seed: int, work: Path) -> dict:
     gain = summary["eval/accuracy_after"] - summary["eval/accuracy_before"]
     steady = sum(r["perf/step_s"] for r in steps[1:])
     return {"mode": mode, "seed": seed, "steps": len(steps), "process_s": time.perf_counter() - t, "rl_s": rl_s,
+            "load_before": load_before, "load_after": os.getloadavg()[0],
             "steps_per_min": 60 * len(steps) / rl_s, "steady_steps_per_min": 60 * (len(steps) - 1) / steady,
             "accuracy_before": summary["eval/accuracy_before"], "accuracy_after": summary["eval/accuracy_after"],
             "gain_per_min": gain / (rl_s / 60), "completions": int(len(steps) * P_G),

@@ -1,0 +1,80 @@
+"""Where the time of one GRPO step goes: torch's profiler around one `Trainer.step()` on a model directory.
+
+    python -m grpo.bench.profile_step --model DIR [--output bench/results/profile_step.json]
+
+The batch is versus_trl's (P prompts of the arithmetic task as chat user messages, G completions, T new tokens,
+temperature 1, the exact_answer reward, one optimizer step). One untimed step first (allocations, kernel choice),
+then one step under `torch.profiler.profile` (CPU activities). Written: the step's own stage seconds (perf/*), and
+the operators by self CPU time (the top 25, with their share of the step) so that docs/performance.md can say
+what a step of a real model spends its time on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from grpo.bench.versus_trl import default_spec, write_problems
+
+
+def profile(spec: dict, work: Path, top: int = 25) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from grpo.config import load_config
+    from grpo.train.trainer import Trainer
+
+    data = write_problems(work / "problems.jsonl", 200, chat=bool(spec["model"]))
+    overrides = [f"data.path={data}", "reward.functions=[exact_answer]", f"rollout.prompts_per_step={spec['prompts']}",
+                 f"rollout.group_size={spec['group']}", f"rollout.max_new_tokens={spec['max_new_tokens']}",
+                 f"optim.lr={spec['lr']}", "train.steps=3", "train.preflight=off", "eval.n=1", "eval.val_n=0",
+                 "data.test_fraction=0.05", f"train.seed={spec['seed']}"]
+    if spec["model"]:
+        overrides.append(f"model.name={spec['model']}")
+    trainer = Trainer(load_config(None, overrides), run_dir=work / "run")
+    try:
+        trainer.step()  # warm-up
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            metrics = trainer.step().metrics
+    finally:
+        trainer.close()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total_us = sum(e.self_cpu_time_total for e in events)
+    ops = [{"op": e.key, "self_cpu_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total_us,
+            "calls": e.count} for e in events[:top]]
+    stages = {k: metrics[k] for k in ("perf/step_s", "perf/generate_s", "perf/reward_s", "perf/update_s",
+                                      "perf/gen_tokens_per_s", "perf/peak_rss_mb") if k in metrics}
+    params = sum(p.numel() for p in trainer.policy.parameters())
+    return {"spec": spec, "stages": stages, "ops": ops, "profiled_self_cpu_s": total_us / 1e6,
+            "params": params, "vocab": trainer.tokenizer.vocab_size if hasattr(trainer.tokenizer, "vocab_size") else None,
+            "gen_tokens": metrics["perf/gen_tokens_per_s"] * metrics["perf/generate_s"],
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_count": os.cpu_count()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grpo.bench.profile_step")
+    p.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
+    p.add_argument("--output", default="bench/results/profile_step.json")
+    a = p.parse_args(argv)
+    from grpo.tracking.rundir import check_output_file, write_text_atomic
+
+    check_output_file(a.output, "--output")
+    spec = default_spec(a.model, quick=False)
+    with tempfile.TemporaryDirectory(prefix="grpo-profile-") as tmp:
+        result = profile(spec, Path(tmp))
+    write_text_atomic(Path(a.output), json.dumps(result, indent=1) + "\n")
+    s = result["stages"]
+    print(f"step {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, reward {s['perf/reward_s']:.2f}, "
+          f"log-probs + update {s['perf/update_s']:.2f}")
+    for op in result["ops"][:15]:
+        print(f"{op['share']:6.1%}  {op['self_cpu_s']:7.2f} s  {op['calls']:6d}  {op['op']}")
+    print(f"wrote {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
