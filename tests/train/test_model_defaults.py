@@ -94,28 +94,36 @@ def test_the_trainer_prints_uses_and_saves_the_resolved_values(tmp_path):
     out = io.StringIO()
     trainer = Trainer(load_config(None, overrides), console=Console(file=out, width=200))
     try:
-        assert trainer.cfg.optim.lr == 1e-6
-        assert trainer.optimizer.param_groups[0]["initial_lr"] == 1e-6
+        assert trainer.cfg.optim.lr == 1e-5  # a tiny model: the table's 1e-6, then the small-model 1e-5
+        assert trainer.optimizer.param_groups[0]["initial_lr"] == 1e-5
         assert "[grpo] optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)" in \
             out.getvalue()
-        n = sum(p.numel() for p in trainer.policy.parameters())  # a tiny model: the benchmark's hint follows
-        assert f"[grpo] this model has {n / 1e6:.1f}M parameters: the optim.lr default is set for 0.5B-7B" in \
+        n = sum(p.numel() for p in trainer.policy.parameters())
+        assert f"[grpo] optim.lr=1e-5, not 1e-6: this model has {n / 1e6:.1f}M parameters (under 200M)" in \
             out.getvalue()
         trainer.train()
     finally:
         trainer.close()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["optim"]["lr"] == 1e-6 and saved["eval"]["batch_size"] == 64
+    assert saved["optim"]["lr"] == 1e-5 and saved["eval"]["batch_size"] == 64
 
 
-def test_the_small_model_hint_only_where_the_table_set_a_full_fine_tuning_lr():
-    from grpo.train.defaults import small_model_note
+def test_a_small_model_gets_1e_5_only_where_the_table_set_a_full_fine_tuning_lr():
+    from grpo.train.defaults import small_model_lr
 
     lr_note = ["optim.lr=1e-6 (default for full fine-tuning of a user model; set optim.lr to change)"]
-    assert small_model_note(lr_note, 3_436_544, lora=False).startswith("this model has 3.4M parameters")
-    assert small_model_note(lr_note, 494_000_000, lora=False) is None  # Qwen2.5-0.5B: the default is meant for it
-    assert small_model_note(lr_note, 3_436_544, lora=True) is None  # LoRA has its own default
-    assert small_model_note(["eval.batch_size=64 (default ...)"], 3_436_544, lora=False) is None  # the user's lr
+
+    def resolved(num_params, notes=lr_note, lora=0, lr=1e-6):
+        cfg = load_config(None, [f"model.lora_rank={lora}", f"optim.lr={lr}"])
+        note = small_model_lr(cfg, notes, num_params)
+        return cfg.optim.lr, note
+
+    lr, note = resolved(134_515_008)  # SmolLM2-135M
+    assert lr == 1e-5 and note.startswith("optim.lr=1e-5, not 1e-6: this model has 134.5M parameters")
+    assert resolved(494_000_000) == (1e-6, None)  # Qwen2.5-0.5B: the published recipes' value
+    assert resolved(3_436_544, lora=8, lr=1e-5) == (1e-5, None)  # LoRA has its own default
+    assert resolved(3_436_544, notes=["eval.batch_size=64 (default ...)"], lr=3e-6) == (3e-6, None)  # the user's
+    assert resolved(3_436_544, lr=5e-7)[0] == pytest.approx(5e-6)  # a preset's ratio (cispo: half) is kept
 
 
 @pytest.mark.parametrize("own", [False, True])

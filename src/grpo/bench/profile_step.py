@@ -4,9 +4,11 @@
 
 The batch is versus_trl's (P prompts of the arithmetic task as chat user messages, G completions, T new tokens,
 temperature 1, the exact_answer reward, one optimizer step). One untimed step first (allocations, kernel choice),
-then one step under `torch.profiler.profile` (CPU activities). Written: the step's own stage seconds (perf/*), and
-the operators by self CPU time (the top 25, with their share of the step) so that docs/performance.md can say
-what a step of a real model spends its time on.
+then one step timed by its own perf/* metrics (the stages), then one step under `torch.profiler.profile` (CPU
+activities): the operators by self CPU time (the top 25, with their share) and that step's stages. The profiler's
+per-operator cost falls mostly on the decode loop's many small operators, so the profiled step's generation is
+slower than the unprofiled one's (both are written): read the shares as where the arithmetic is, and the stages of
+the unprofiled step as where the time goes.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ def profile(spec: dict, work: Path, top: int = 25) -> dict:
     if spec["model"]:
         overrides.append(f"model.name={spec['model']}")
     trainer = Trainer(load_config(None, overrides), run_dir=work / "run")
+    load_before = os.getloadavg()[0]
     try:
         trainer.step()  # warm-up
+        metrics = trainer.step().metrics  # the stages, timed without the profiler
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            metrics = trainer.step().metrics
+            profiled = trainer.step().metrics
     finally:
         trainer.close()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -49,10 +53,13 @@ def profile(spec: dict, work: Path, top: int = 25) -> dict:
     stages = {k: metrics[k] for k in ("perf/step_s", "perf/generate_s", "perf/reward_s", "perf/update_s",
                                       "perf/gen_tokens_per_s", "perf/peak_rss_mb") if k in metrics}
     params = sum(p.numel() for p in trainer.policy.parameters())
-    return {"spec": spec, "stages": stages, "ops": ops, "profiled_self_cpu_s": total_us / 1e6,
+    profiled_stages = {k: profiled[k] for k in stages}
+    return {"spec": spec, "stages": stages, "profiled_stages": profiled_stages, "ops": ops,
+            "profiled_self_cpu_s": total_us / 1e6,
             "params": params, "vocab": trainer.tokenizer.vocab_size if hasattr(trainer.tokenizer, "vocab_size") else None,
             "gen_tokens": metrics["perf/gen_tokens_per_s"] * metrics["perf/generate_s"],
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_count": os.cpu_count()}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "load_before": load_before, "load_after": os.getloadavg()[0]}
 
 
 def main(argv=None) -> int:
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
         result = profile(spec, Path(tmp))
     write_text_atomic(Path(a.output), json.dumps(result, indent=1) + "\n")
     s = result["stages"]
-    print(f"step {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, reward {s['perf/reward_s']:.2f}, "
+    print(f"step (unprofiled) {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, reward {s['perf/reward_s']:.2f}, "
           f"log-probs + update {s['perf/update_s']:.2f}")
     for op in result["ops"][:15]:
         print(f"{op['share']:6.1%}  {op['self_cpu_s']:7.2f} s  {op['calls']:6d}  {op['op']}")
