@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --versus-trl bench/results/versus_trl.json)")
     b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
                    "model and batch (needs trl; grpo/bench/versus_trl.py)")
+    b.add_argument("--learn", action="store_true", help="with --versus-trl: held-out accuracy gained per CPU-minute "
+                   "instead of seconds per step (grpo/bench/learning_vs_trl.py; bench/results/learning_vs_trl.json)")
     b.add_argument("--model", default=None, help="with --versus-trl: a model directory (default: the built-in model)")
     b.add_argument("--steps", type=int, default=None, help="with --versus-trl: timed steps per process (default 3)")
     b.add_argument("--repeats", type=int, default=None, help="with --versus-trl: processes per method (default 3)")
