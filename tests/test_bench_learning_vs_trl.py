@@ -32,6 +32,13 @@ def test_choose_lrs_takes_the_best_validation_accuracy_and_the_smaller_rate_on_a
     assert lvt.choose_lrs(sweep) == {"ours": 1e-5, "trl": 1e-5}
 
 
+def test_learn_without_versus_trl_is_a_usage_error(capsys):
+    from grpo.cli import main
+
+    assert main(["bench", "--learn"]) == 2
+    assert "--learn" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_quick_run_scores_both_methods_with_the_shared_evaluator(tmp_path, capsys):
     out, kept = tmp_path / "learn.json", tmp_path / "models"
