@@ -261,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --versus-trl bench/results/versus_trl.json)")
     b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
                    "model and batch (needs trl; grpo/bench/versus_trl.py)")
+    b.add_argument("--learn", action="store_true", help="with --versus-trl: held-out accuracy gained per CPU-minute "
+                   "instead of seconds per step (grpo/bench/learning_vs_trl.py; bench/results/learning_vs_trl.json)")
     b.add_argument("--async-rollouts", action="store_true", help="rollout.mode=async (max_staleness 1) against sync: "
                    "steps per minute and test accuracy gain per minute, whole grpo train runs per seed "
                    "(grpo/bench/async_rollouts.py; default output bench/results/async_rollouts.json)")

@@ -233,10 +233,14 @@ def main(args) -> int:
         from grpo.bench import async_rollouts
 
         return async_rollouts.main(args)
-    if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
-        from grpo.bench import versus_trl
+    if getattr(args, "learn", False) and not getattr(args, "versus_trl", False):
+        from grpo.errors import ConfigError
 
-        return versus_trl.main(args)
+        raise ConfigError("--learn measures learning against TRL: give it with --versus-trl")
+    if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
+        from grpo.bench import learning_vs_trl, versus_trl
+
+        return (learning_vs_trl if getattr(args, "learn", False) else versus_trl).main(args)
     plan = quick_plan() if getattr(args, "quick", False) else full_plan()
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
