@@ -43,6 +43,9 @@ SOURCES = {
     "bench/results/versus_trl_smollm2.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
     "bench/learning/results/*.json": ("bench/learning/run.py", "bench/learning/results/"),
     "src/grpo/models/weights/*/recipe.json": ("src/grpo/warmup/recipe.py", "recipe.json"),
+    "bench/results/learning_vs_trl_smollm2.json": ("src/grpo/bench/learning_vs_trl.py", "bench/results/learning_vs_trl"),
+    "bench/results/async_rollouts*.json": ("src/grpo/bench/async_rollouts.py", "bench/results/async_rollouts"),
+    "bench/results/profile_step_smollm2.json": ("src/grpo/bench/profile_step.py", "bench/results/profile_step"),
 }
 
 README = "README.md"
@@ -69,6 +72,12 @@ COMPARE = "bench/results/compare.json"
 VLLM_DOC = "docs/vllm.md"
 ENGINES = "bench/results/engines.json"
 SCALE_DOC = "docs/scale.md"
+LEARN_TRL = "bench/results/learning_vs_trl_smollm2.json"
+ASYNC_DOC = "docs/async.md"
+ASYNC = "bench/results/async_rollouts.json"
+ASYNC_LOADED = "bench/results/async_rollouts_loaded.json"
+PERF_DOC = "docs/performance.md"
+PROFILE = "bench/results/profile_step_smollm2.json"
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -139,6 +148,21 @@ def _learning_row(label: str, config: str, source: str = LEARNING, note: str = "
     sel = f"results[config={config}]"
     return F(README, source, f"| {label} | {{pm({sel}.after):.3f}} | {{pm({sel}.per_1k):+.4f}}{note} | "
                              f"{{pm({sel}.per_cpu_min):+.4f}} | {{max({sel}.max_drop):.3f}} |", **derived)
+
+
+def _trl_cell(method: str, key: str, spec: str, bold: bool = False) -> Callable:
+    """learning_vs_trl: 'mean ± std (seed 0, seed 1, seed 2)' of one summary entry (the mean and std in bold)."""
+    def cell(d):
+        x = d["summary"][method][key]
+        head = f"{x['mean']:{spec}} ± {x['std']:{spec.lstrip('+')}}"
+        return (f"**{head}**" if bold else head) + " (" + ", ".join(f"{v:{spec}}" for v in x["values"]) + ")"
+    return cell
+
+
+def _async_table(d) -> str:
+    from grpo.bench.async_rollouts import table
+
+    return table(d)
 
 
 def _mean_of(d, key: str, config: str | None = None) -> float:
@@ -501,6 +525,35 @@ FIGURES = [
                         "{runs[1].floor_update_peak_mb:,.0f} MB at N = 64, T = 16 / 32 (x{runs[0].peak_over_floor:.3f} / "
                         "x{runs[1].peak_over_floor:.3f}), in {runs[0].update_over_floor_s:.2f} / "
                         "{runs[1].update_over_floor_s:.2f} of the floor's time"),
+    # bench/README.md: learning against TRL on SmolLM2-135M (grpo.bench.learning_vs_trl); README.md quotes its means
+    F(BENCH, LEARN_TRL, "Greedy accuracy before training: validation {before.val.accuracy:.3f} "
+                        "({before.val.correct}/{before.val.n}), test {before.test.accuracy:.3f} "
+                        "({before.test.correct}/{before.test.n})."),
+    F(BENCH, LEARN_TRL, "| test accuracy after (before {before.test.accuracy:.3f}) | {ours} | {trl} |",
+      ours=_trl_cell("ours", "after_test", ".3f", bold=True), trl=_trl_cell("trl", "after_test", ".3f")),
+    F(BENCH, LEARN_TRL, "| test gain | {ours} | {trl} |",
+      ours=_trl_cell("ours", "gain_test", "+.3f", bold=True), trl=_trl_cell("trl", "gain_test", "+.3f")),
+    F(BENCH, LEARN_TRL, "| test gain per CPU-minute | {ours} | {trl} |",
+      ours=_trl_cell("ours", "gain_per_cpu_min_test", ".3f", bold=True),
+      trl=_trl_cell("trl", "gain_per_cpu_min_test", ".3f")),
+    F(README, LEARN_TRL, "test accuracy {before.test.accuracy:.3f} -> {summary.ours.after_test.mean:.3f} ± "
+                         "{summary.ours.after_test.std:.3f} over seeds {summary.ours.seeds[0]}, "
+                         "{summary.ours.seeds[1]}, {summary.ours.seeds[2]} (TRL's GRPOTrainer with the same CPU time: "
+                         "{summary.trl.after_test.mean:.3f} ± {summary.trl.after_test.std:.3f})"),
+    # docs/async.md: rollout.mode=async against sync (grpo.bench.async_rollouts), quiet and loaded
+    F(ASYNC_DOC, ASYNC, "{table}", table=_async_table),
+    F(ASYNC_DOC, ASYNC_LOADED, "{table}", table=_async_table),
+    F(ASYNC_DOC, ASYNC, "load average {min(runs.load_before):.1f} to {max(runs.load_before):.1f} before the runs"),
+    F(ASYNC_DOC, ASYNC, "(sync 2 threads / 1 thread: {ratio:.2f}x)",
+      ratio=lambda d: d["aggregate"]["sync"]["steady_steps_per_min"]["mean"]
+      / d["aggregate"]["sync_1thread"]["steady_steps_per_min"]["mean"]),
+    # docs/performance.md: one step of SmolLM2-135M, and the threads under load (async_rollouts_loaded.json)
+    F(PERF_DOC, PROFILE, "a step took {stages['perf/step_s']:.1f} s: generation {stages['perf/generate_s']:.1f} s, "
+                         "rewards {stages['perf/reward_s']:.2f} s, log-probs and update {stages['perf/update_s']:.1f} s"),
+    F(PERF_DOC, PROFILE, "`aten::mm` (matrix products) is {ops[0].share:.0%} of the CPU time"),
+    F(PERF_DOC, ASYNC_LOADED, "sync with torch's default 2 threads made {aggregate.sync.steady_steps_per_min.mean:.1f} "
+                              "steps per minute and sync with 1 thread "
+                              "{aggregate.sync_1thread.steady_steps_per_min.mean:.1f}"),
     F(SCALE_DOC, VOCAB_TRAIN, "{chunked.updates[1].update_peak_mb:.0f} and {chunked.updates[2].update_peak_mb:.0f} MB "
                               "above the resident set for its second and third updates"),
 ]
