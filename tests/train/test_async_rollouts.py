@@ -22,7 +22,7 @@ from grpo.errors import RewardOutputError, RolloutWorkerError
 
 pytestmark = pytest.mark.slow  # each async trainer spawns a worker process (a few seconds to import and load)
 
-ASYNC = ("rollout.mode=async", "rollout.seed_per_prompt=true")
+ASYNC = ("rollout.mode=async", "rollout.seed_per_prompt=true", "train.steps=3")  # the worker stops at train.steps
 
 
 def _steps(trainer, n: int) -> list:
@@ -36,7 +36,7 @@ def _steps(trainer, n: int) -> list:
 
 def test_max_staleness_zero_gives_the_sync_updates_bitwise(tiny_model_dir, tmp_path):
     with deterministic():
-        sync = new_trainer(tiny_model_dir, tmp_path / "sync", "rollout.seed_per_prompt=true")
+        sync = new_trainer(tiny_model_dir, tmp_path / "sync", "rollout.seed_per_prompt=true", "train.steps=3")
         asyn = new_trainer(tiny_model_dir, tmp_path / "async", *ASYNC, "rollout.max_staleness=0")
         try:
             a, b = _steps(sync, 3), _steps(asyn, 3)
@@ -103,7 +103,7 @@ def test_a_worker_killed_mid_run_stops_the_run_with_a_checkpoint_in_seconds(tiny
                           reward_functions=[("dies", dies_in_worker_reward, 1.0)])
     t = time.monotonic()
     try:
-        with pytest.raises(RolloutWorkerError, match="exited"):
+        with pytest.raises(RolloutWorkerError, match="killed"):
             trainer.train()
     finally:
         trainer.close()
@@ -177,8 +177,42 @@ def test_a_checkpoint_resumes_after_the_last_batch_trained_not_the_batches_sampl
     assert resumed.step_count == 4 and summary["steps"] == 4
 
 
-def test_what_async_mode_cannot_do_is_refused_with_the_reason(tiny_model_dir, tmp_path):
+def test_what_async_mode_cannot_do_is_refused_with_the_reason(tiny_model_dir, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="cannot be pickled"):
         new_trainer(tiny_model_dir, tmp_path / "a", *ASYNC,
                     reward_functions=[("local", lambda prompts, completions, **kw: [0.0] * len(completions), 1.0)])
-    assert VARIED  # module-level functions pickle (every other test here uses them)
+    with pytest.raises(ConfigError, match="rollout.engine=vllm is not supported"):
+        from grpo.train.async_rollouts import check_async_config
+
+        cfg = new_trainer(tiny_model_dir, tmp_path / "b").cfg.model_copy(deep=True)
+        cfg.rollout.engine = "vllm"
+        check_async_config(cfg, VARIED and __import__("grpo.parallel", fromlist=["SINGLE"]).SINGLE, "cpu")
+    monkeypatch.setenv("GRPO_ROLLOUT_WORKER", "1")  # a script without a __main__ guard, imported by the worker
+    with pytest.raises(RuntimeError, match="__main__"):
+        new_trainer(tiny_model_dir, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_top_p_below_one_takes_pi_old_from_the_full_distribution(tiny_model_dir, tmp_path, monkeypatch):
+    """With top-p the sampler's log-probs are of the truncated distribution; the worker computes the full one."""
+    from grpo.train import trainer as trainer_module
+
+    seen = []
+    real_update = trainer_module.policy_update
+
+    def spy(model, optimizer, scheduler, batch, cfg, dist, **kw):
+        seen.append(None if batch.old_logp is None else batch.old_logp.clone())
+        return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
+
+    monkeypatch.setattr(trainer_module, "policy_update", spy)
+    trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, "rollout.top_p=0.5")
+    try:
+        steps = _steps(trainer, 2)
+    finally:
+        trainer.close()
+    rollouts = steps[1][1]
+    mask = rollouts.completion_mask.float()
+    assert seen[0] is None and seen[1] is not None
+    # the truncated distribution gives every kept token more mass: the full one's log-probs are lower
+    assert bool(((seen[1] - rollouts.logp * mask) * mask <= 1e-6).all())
+    assert float(((rollouts.logp - seen[1]) * mask).sum()) > 0

@@ -21,8 +21,10 @@ one). The CPU threads are split: the worker takes rollout.worker_threads (defaul
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import queue as queue_module
+import threading
 import time
 
 import torch
@@ -31,10 +33,11 @@ from grpo.config import ConfigError
 from grpo.errors import RolloutWorkerError
 from grpo.train.rollout_source import ScoredBatch
 from grpo.train.rollout_worker import WorkerFailure, WorkerSpec, worker_main
-from grpo.train.shared_weights import SharedWeights
+from grpo.train.shared_weights import SharedWeights, SideGone
 
 log = logging.getLogger("grpo.train")
 POLL_S = 0.2
+WORKER_ENV = "GRPO_ROLLOUT_WORKER"  # set in the worker's environment: a Trainer built there is a script without a guard
 STARTUP_S = 600.0  # the worker's imports and model load, before rollout.worker_timeout_s applies
 
 
@@ -45,16 +48,20 @@ class AsyncRollouts:
 
     def __init__(self, trainer, model_dir):
         cfg = trainer.cfg
-        check_async_config(cfg, trainer.dist)
+        check_async_config(cfg, trainer.dist, trainer.device)
         self.trainer, self.cfg, self.K = trainer, cfg, cfg.rollout.max_staleness
         self.spec = worker_spec(trainer, model_dir)
         self.proc = None
+        self.publish_error: RolloutWorkerError | None = None
         self.dropped = 0
         self.staleness = 0.0
         self.wait_s = 0.0
         self._threads = None
 
     def next(self, step: int) -> ScoredBatch:
+        if self.publish_error is not None:  # the last step's publish failed: its update and metrics are kept
+            error, self.publish_error = self.publish_error, None
+            raise error
         if self.proc is None:
             self._start(step)
         while True:
@@ -69,15 +76,20 @@ class AsyncRollouts:
             return item
 
     def sync_weights(self, policy, version: int) -> None:
-        """Publish the policy after an optimizer step (one copy; the worker loads it before its next batch)."""
+        """Publish the policy after an optimizer step (one copy; the worker loads it before its next batch). A worker
+        that died or holds the lock past rollout.worker_timeout_s fails the NEXT step (this one's update is done, and
+        its metrics are logged and checkpointed with it)."""
         if self.proc is None:
             return
         try:
-            self.weights.publish(policy, version, timeout_s=self.cfg.rollout.worker_timeout_s)
-        except TimeoutError as e:  # the worker died or hung while copying the weights out, holding the lock
+            self.weights.publish(policy, version, gone=lambda: not self.proc.is_alive(),
+                                 timeout_s=self.cfg.rollout.worker_timeout_s)
+        except (SideGone, TimeoutError) as e:
+            code = self.proc.exitcode
             self.close(kill=True)
-            raise RolloutWorkerError(f"the rollout worker held the weights for rollout.worker_timeout_s="
-                                     f"{self.cfg.rollout.worker_timeout_s:g} s without releasing them ({e})") from e
+            self.publish_error = RolloutWorkerError(
+                f"the rollout worker {'exited (code %s)' % code if code is not None else 'hung'} while the trainer "
+                f"published step {version}'s weights ({e})")
 
     def metrics(self) -> dict[str, float]:
         """rollout/staleness: optimizer steps between the policy that sampled this batch and the one it updates;
@@ -89,13 +101,13 @@ class AsyncRollouts:
         """Stop the worker (asked, then killed after 10 s; kill: at once) and give the trainer its threads back."""
         if self.proc is None:
             return
+        proc, self.proc = self.proc, None
         self.stop.set()
-        _drain(self.queue)
-        self.proc.join(timeout=0 if kill else 10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        self.proc = None
+        proc.join(timeout=0 if kill else 10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        self.reader.close()  # the reading thread sees EOF (the worker's end is gone) and ends
         if self._threads is not None:
             torch.set_num_threads(self._threads)
 
@@ -103,37 +115,55 @@ class AsyncRollouts:
     def _start(self, step: int) -> None:
         ctx = torch.multiprocessing.get_context("spawn")
         self.weights = SharedWeights(self.trainer.policy, ctx)
-        self.weights.publish(self.trainer.policy, step)
-        self.queue, self.stop, self.ready = ctx.Queue(maxsize=self.K + 1), ctx.Event(), ctx.Event()
+        self.weights.publish(self.trainer.policy, step, gone=lambda: False)
+        # a one-way pipe read by a thread of this process: the worker never waits for the trainer to read, and a
+        # worker that dies mid-message is an EOF here (this process holds no copy of the writing end)
+        self.reader, writer = ctx.Pipe(duplex=False)
+        self.inbox: queue_module.Queue = queue_module.Queue()
+        self.stop, self.ready = ctx.Event(), ctx.Event()
         total = torch.get_num_threads()
         worker_threads = self.cfg.rollout.worker_threads or max(1, total // 2)
-        self.proc = ctx.Process(target=worker_main, name="grpo-rollout-worker", daemon=True,
-                                args=(self.spec, self.weights, self.queue, self.stop, self.ready, step,
-                                      self.trainer.stream.state_dict(), worker_threads))
-        self.proc.start()
-        self.started = time.monotonic()
+        proc = ctx.Process(target=worker_main, name="grpo-rollout-worker", daemon=True,
+                           args=(self.spec, self.weights, writer, self.stop, self.ready, step,
+                                 self.trainer.stream.state_dict(), worker_threads))
+        os.environ[WORKER_ENV] = "1"  # the child's environment: see refuse_in_worker
+        try:
+            proc.start()
+        finally:
+            del os.environ[WORKER_ENV]
+            writer.close()
+        self.proc, self.started = proc, time.monotonic()
+        threading.Thread(target=_read_messages, args=(self.reader, self.inbox), daemon=True,
+                         name="grpo-rollout-reader").start()
         self._threads = total
         torch.set_num_threads(max(1, total - worker_threads))
         log.info("rollout worker %d started at step %d (max_staleness=%d, %d threads; the trainer keeps %d)",
-                 self.proc.pid, step, self.K, worker_threads, torch.get_num_threads())
+                 proc.pid, step, self.K, worker_threads, torch.get_num_threads())
 
     def _get(self) -> ScoredBatch:
         """The next item of the queue, waiting at most rollout.worker_timeout_s; a failure in the worker is raised."""
         timeout = self.cfg.rollout.worker_timeout_s
-        deadline, start_limit = time.monotonic() + timeout, self.started + STARTUP_S
+        deadline, start_limit, dead_since = time.monotonic() + timeout, self.started + STARTUP_S, None
         while True:
             try:
-                item = pickle.loads(self.queue.get(timeout=POLL_S))  # bytes (rollout_worker._put)
-                break
+                message = self.inbox.get(timeout=POLL_S)
             except queue_module.Empty:
-                pass
-            except (OSError, EOFError, pickle.UnpicklingError) as e:  # the pipe broke: the worker is gone
-                self.close()
-                raise RolloutWorkerError(f"the rollout worker's queue broke ({e!r}); the worker died") from e
+                message = None
+            if isinstance(message, bytes):
+                item = pickle.loads(message)
+                break
+            if isinstance(message, BaseException):  # EOF or a broken pipe: the worker is gone, maybe mid-message
+                self.close(kill=True)
+                raise RolloutWorkerError(f"the rollout worker's pipe closed ({message!r}) without a batch: killed (by "
+                                         "the system, out of memory?) or crashed (its traceback, if any, is above)")
             if not self.ready.is_set() and time.monotonic() < start_limit:  # still importing and loading the model
                 deadline = time.monotonic() + timeout
-            if not self.proc.is_alive():
-                code = self.proc.exitcode
+            if self.proc.is_alive():
+                dead_since = None
+            elif dead_since is None:  # its last message may still be on the way to the reading thread
+                dead_since = time.monotonic()
+            elif time.monotonic() - dead_since > 2.0 and self.inbox.empty():  # (a child of the worker holding the
+                code = self.proc.exitcode                                      # pipe open: no EOF comes)
                 self.close()
                 raise RolloutWorkerError(f"the rollout worker exited (code {code}) without a batch: killed (by the "
                                          "system, out of memory?) or crashed (its traceback is above; a script that "
@@ -153,7 +183,7 @@ class AsyncRollouts:
         return item
 
 
-def check_async_config(cfg, dist) -> None:
+def check_async_config(cfg, dist, device) -> None:
     """What rollout.mode=async cannot do yet, refused with the reason."""
     if cfg.rollout.engine != "native":
         raise ConfigError("rollout.mode=async runs the native sampler in a worker process; rollout.engine=vllm is "
@@ -161,6 +191,18 @@ def check_async_config(cfg, dist) -> None:
     if dist.enabled:
         raise ConfigError("rollout.mode=async is one trainer process and one rollout worker; under torchrun "
                           "(several processes) use rollout.mode=sync")
+    if torch.device(device).type != "cpu":
+        raise ConfigError(f"rollout.mode=async runs on the CPU only for now (the model is on {device}): the "
+                          "shared-memory weight copy has not been run on a GPU; use rollout.mode=sync there")
+
+
+def refuse_in_worker() -> None:
+    """A Trainer built inside the rollout worker: the worker is spawned and imports the main module, so a script
+    that trains at import would train again in it (over the same run directory). Refuse before anything happens."""
+    if os.environ.get(WORKER_ENV):
+        raise RuntimeError("a grpo Trainer was built inside the rollout worker of rollout.mode=async: the worker is a "
+                           "spawned process that imports your script, so put the training under "
+                           "`if __name__ == '__main__':`")
 
 
 def worker_spec(trainer, model_dir) -> WorkerSpec:
@@ -191,10 +233,12 @@ def _pickles(obj) -> bool:
         return False
 
 
-def _drain(q) -> None:
-    """Empty a queue so that a worker blocked on put sees the stop request."""
-    try:
-        while True:
-            q.get_nowait()
-    except (queue_module.Empty, OSError, ValueError):
-        pass
+def _read_messages(reader, inbox: queue_module.Queue) -> None:
+    """The reading thread: every message of the worker's pipe into `inbox` as bytes, then the exception that ended
+    it (EOFError when the worker is gone, OSError when the trainer closed its end)."""
+    while True:
+        try:
+            inbox.put(reader.recv_bytes())
+        except (EOFError, OSError) as e:
+            inbox.put(e)
+            return

@@ -4,7 +4,7 @@
         wait until the trainer has published policy version >= step - K      (K = rollout.max_staleness)
         load the newest published weights (one copy, shared memory: grpo.train.shared_weights)
         sample + score the step's batch (grpo.train.rollout_source.BatchProducer, rewards and episodes included)
-        put ScoredBatch(policy_version=the version it sampled with) on the bounded queue
+        send ScoredBatch(policy_version=the version it sampled with) on a one-way pipe (the trainer reads it in a thread)
 
 Batches are sampled from generators seeded by (train.seed, step, round) (or per prompt with rollout.seed_per_prompt),
 so what the worker samples depends on the step and the weights only. With K = 0 the worker waits for every update,
@@ -12,7 +12,8 @@ and the trainer's updates are bitwise those of rollout.mode=sync (tests/train/te
 
 The worker owns its prompt stream (a copy of the trainer's, started at its state) and reports the stream's state
 with each batch; it ignores SIGINT (Ctrl-C reaches the whole process group; the trainer decides when to stop and tells it) and exits when its
-parent is gone. An exception is sent to the trainer, which raises it (grpo.train.async_rollouts).
+parent is gone (and is killed with it on Linux: PR_SET_PDEATHSIG). It stops after the batch of step train.steps - 1.
+An exception is sent to the trainer, which raises it (grpo.train.async_rollouts).
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ class WorkerFailure:
     text: str
 
 
-def worker_main(spec: WorkerSpec, weights, queue, stop, ready, start_step: int, stream_state: dict,
+def worker_main(spec: WorkerSpec, weights, writer, stop, ready, start_step: int, stream_state: dict,
                 threads: int) -> None:
-    """The worker process's entry point (multiprocessing spawn). queue: bounded, of ScoredBatch | WorkerFailure;
-    stop: an Event the trainer sets to end the worker; ready: set once the model is loaded."""
+    """The worker process's entry point (multiprocessing spawn). writer: the sending end of a one-way pipe, of
+    pickled ScoredBatch | WorkerFailure; stop: an Event the trainer sets to end the worker; ready: set once the
+    model is loaded."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the trainer handles it
+    _die_with_parent()
     parent = os.getppid()
 
     def should_stop() -> bool:
@@ -63,30 +66,41 @@ def worker_main(spec: WorkerSpec, weights, queue, stop, ready, start_step: int, 
         torch.set_num_threads(threads)
         producer, policy = build_producer(spec, stream_state)
         ready.set()
-        run_worker(producer, policy, spec.cfg, weights, queue, should_stop, start_step)
+        run_worker(producer, policy, spec.cfg, weights, writer, should_stop, start_step)
     except BaseException as e:  # noqa: BLE001 - everything goes to the trainer, which decides
-        _put(queue, WorkerFailure(_picklable(e), traceback.format_exc()), should_stop)
+        if not should_stop():
+            _send(writer, WorkerFailure(_picklable(e), traceback.format_exc()))
 
 
-def run_worker(producer, policy, cfg, weights, queue, should_stop, start_step: int) -> None:
-    """Produce batches start_step, start_step + 1, ... until should_stop() (see the module's docstring)."""
+def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: int) -> None:
+    """Produce batches start_step, start_step + 1, ... up to train.steps - 1, until should_stop() (see the module's
+    docstring)."""
     from grpo.train.rollout_source import ScoredBatch
 
-    K, version, step = cfg.rollout.max_staleness, None, start_step
-    while not should_stop():
+    K, version = cfg.rollout.max_staleness, None
+    for step in range(start_step, cfg.train.steps):
         if not weights.wait_for(step - K, should_stop):
             return
         if weights.current() != version:
-            version = weights.load_into(policy)
+            version = weights.load_into(policy, should_stop)
         rollouts, scores, gen_s, reward_s = producer.produce(step, per_step_generators=True)
         behaviour = None
         if cfg.rollout.top_p < 1.0:  # the sampler's log-probs are of the truncated distribution: the full one
             behaviour = full_distribution_logprobs(policy, rollouts, cfg)
-        batch = ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=version,
-                            stream_state=producer.stream.state_dict(), behaviour_logp=behaviour)
-        if not _put(queue, batch, should_stop):
+        if should_stop():
             return
-        step += 1
+        _send(writer, ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=version,
+                                  stream_state=producer.stream.state_dict(), behaviour_logp=behaviour))
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (a trainer killed by the OOM killer leaves no worker)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent check in should_stop() remains
+        pass
 
 
 def build_producer(spec: WorkerSpec, stream_state: dict):
@@ -117,28 +131,17 @@ def build_producer(spec: WorkerSpec, stream_state: dict):
 @torch.no_grad()
 def full_distribution_logprobs(policy, rollouts, cfg) -> torch.Tensor:
     """(N, T) log-probs of the sampled tokens under `policy`'s tempered distribution, by the trainer's forward."""
-    from grpo.train.rollout_source import policy_batch
-    from grpo.train.update import batch_logprobs
+    from grpo.train.update import PolicyBatch, batch_logprobs
 
-    batch = policy_batch(rollouts, cfg, next(policy.parameters()).device)
+    batch = PolicyBatch.from_rollouts(rollouts, cfg, next(policy.parameters()).device)
     return batch_logprobs(policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
                           cfg.optim.logprob_chunk_tokens)
 
 
-def _put(queue, item, should_stop, poll_s: float = 0.2) -> bool:
-    """Put on the bounded queue as plain pickled bytes, waiting while it is full; False when should_stop() turned
-    true first. Bytes, not torch's shared-memory tensors: those are handed over through this process, so a batch
-    would be lost if the worker died before the trainer took it."""
-    import queue as queue_module
-
-    item = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-    while not should_stop():
-        try:
-            queue.put(item, timeout=poll_s)
-            return True
-        except queue_module.Full:
-            continue
-    return False
+def _send(writer, item) -> None:
+    """One message on the pipe: plain pickled bytes (not torch's shared-memory tensors, which are handed over through
+    this process and would be lost with it). The trainer's reading thread takes it whenever it comes."""
+    writer.send_bytes(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _picklable(e: BaseException) -> BaseException | None:

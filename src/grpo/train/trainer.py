@@ -65,6 +65,9 @@ class Trainer:
                  console=None):
         from grpo.rewards import RewardRunner
 
+        from grpo.train.async_rollouts import refuse_in_worker
+
+        refuse_in_worker()  # a script without a __main__ guard, imported by an async rollout worker
         t_setup = time.perf_counter()
         self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
         cfg = self.cfg
