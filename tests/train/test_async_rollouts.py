@@ -25,6 +25,20 @@ pytestmark = pytest.mark.slow  # each async trainer spawns a worker process (a f
 ASYNC = ("rollout.mode=async", "rollout.seed_per_prompt=true", "train.steps=3")  # the worker stops at train.steps
 
 
+def spy_old_logprobs(monkeypatch) -> list:
+    """The pi_old (batch.old_logp, or None) of every policy update from now on, in order."""
+    from grpo.train import trainer as trainer_module
+
+    seen, real_update = [], trainer_module.policy_update
+
+    def spy(model, optimizer, scheduler, batch, cfg, dist, **kw):
+        seen.append(None if batch.old_logp is None else batch.old_logp.clone())
+        return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
+
+    monkeypatch.setattr(trainer_module, "policy_update", spy)
+    return seen
+
+
 def _steps(trainer, n: int) -> list:
     """n steps -> [(metrics, rollouts, parameters after the step)]."""
     out = []
@@ -55,16 +69,8 @@ def test_max_staleness_zero_gives_the_sync_updates_bitwise(tiny_model_dir, tmp_p
 def test_max_staleness_one_samples_with_the_previous_policy_and_takes_its_logprobs_as_pi_old(
         tiny_model_dir, tmp_path, monkeypatch):
     from grpo.rollout.sampler import Sampler
-    from grpo.train import trainer as trainer_module
 
-    seen = []
-    real_update = trainer_module.policy_update
-
-    def spy(model, optimizer, scheduler, batch, cfg, dist, **kw):
-        seen.append(None if batch.old_logp is None else batch.old_logp.clone())
-        return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
-
-    monkeypatch.setattr(trainer_module, "policy_update", spy)
+    seen = spy_old_logprobs(monkeypatch)
     with deterministic():
         trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, "rollout.max_staleness=1")
         before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
@@ -195,16 +201,7 @@ def test_what_async_mode_cannot_do_is_refused_with_the_reason(tiny_model_dir, tm
 
 def test_top_p_below_one_takes_pi_old_from_the_full_distribution(tiny_model_dir, tmp_path, monkeypatch):
     """With top-p the sampler's log-probs are of the truncated distribution; the worker computes the full one."""
-    from grpo.train import trainer as trainer_module
-
-    seen = []
-    real_update = trainer_module.policy_update
-
-    def spy(model, optimizer, scheduler, batch, cfg, dist, **kw):
-        seen.append(None if batch.old_logp is None else batch.old_logp.clone())
-        return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
-
-    monkeypatch.setattr(trainer_module, "policy_update", spy)
+    seen = spy_old_logprobs(monkeypatch)
     trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, "rollout.top_p=0.5")
     try:
         steps = _steps(trainer, 2)
