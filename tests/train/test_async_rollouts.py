@@ -15,7 +15,7 @@ import time
 
 import pytest
 import torch
-from train_helpers import VARIED, deterministic, dies_in_worker_reward, new_trainer, wrong_count_reward
+from train_helpers import deterministic, dies_in_worker_reward, new_trainer, wrong_count_reward
 
 from grpo.config import ConfigError
 from grpo.errors import RewardOutputError, RolloutWorkerError
@@ -187,12 +187,14 @@ def test_what_async_mode_cannot_do_is_refused_with_the_reason(tiny_model_dir, tm
     with pytest.raises(ConfigError, match="cannot be pickled"):
         new_trainer(tiny_model_dir, tmp_path / "a", *ASYNC,
                     reward_functions=[("local", lambda prompts, completions, **kw: [0.0] * len(completions), 1.0)])
-    with pytest.raises(ConfigError, match="rollout.engine=vllm is not supported"):
-        from grpo.train.async_rollouts import check_async_config
+    from grpo.config import load_config
+    from grpo.parallel import SINGLE
+    from grpo.train.async_rollouts import check_async_config
 
-        cfg = new_trainer(tiny_model_dir, tmp_path / "b").cfg.model_copy(deep=True)
-        cfg.rollout.engine = "vllm"
-        check_async_config(cfg, VARIED and __import__("grpo.parallel", fromlist=["SINGLE"]).SINGLE, "cpu")
+    with pytest.raises(ConfigError, match="rollout.engine=vllm is not supported"):
+        check_async_config(load_config(None, ["rollout.mode=async", "rollout.engine=vllm"]), SINGLE, "cpu")
+    with pytest.raises(ConfigError, match="CPU only"):
+        check_async_config(load_config(None, ["rollout.mode=async"]), SINGLE, "cuda")
     monkeypatch.setenv("GRPO_ROLLOUT_WORKER", "1")  # a script without a __main__ guard, imported by the worker
     with pytest.raises(RuntimeError, match="__main__"):
         new_trainer(tiny_model_dir, tmp_path / "c")

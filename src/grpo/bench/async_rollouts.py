@@ -52,8 +52,7 @@ def run_one(spec: dict, mode: str, seed: int, work: Path) -> dict:
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "perf/step_s" in r]
-    cfg_rows = steps[0]
-    P_G = cfg_rows["rollout/groups"] * _group_size(out)
+    P_G = steps[0]["rollout/groups"] * _group_size(out)  # completions per step
     rl_s = summary["time/rl_steps_s"]
     gain = summary["eval/accuracy_after"] - summary["eval/accuracy_before"]
     steady = sum(r["perf/step_s"] for r in steps[1:])
