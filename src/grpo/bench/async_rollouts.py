@@ -5,7 +5,9 @@
 Each (seed, mode) is one `grpo train` process on the default task (the built-in model unless --model), the modes
 interleaved per seed (sync, sync_1thread, async, sync, ...) so that all see the same machine load. Three modes,
 because async splits the CPU threads (the worker half, the trainer the rest): sync with torch's default threads
-(what a user gets) and sync_1thread (OMP_NUM_THREADS=1: the threads of each async side) as the two baselines. No evaluation during
+(what a user gets) and sync_1thread (OMP_NUM_THREADS=1: the threads of each async side) as the two baselines. With
+--model DIR (a real model): P=4, G=8, T=32 without warm-up as in `grpo bench --versus-trl --learn`, 200 test
+problems, 20 steps, sync and async only (MODEL_EXTRA). No evaluation during
 training (train.eval_every=0, eval.val_n=0): the test accuracy before and after is the learning figure. Reported per
 run and as mean +- std over seeds: steps per minute (steady: steps 2..N from perf/step_s; and whole: the RL wall time,
 the worker's start-up included), test accuracy gain per minute of RL wall time and per 1,000 completions, the
@@ -26,11 +28,18 @@ from pathlib import Path
 
 MODES = ("sync", "sync_1thread", "async")  # sync_1thread: OMP_NUM_THREADS=1, the thread count of each async side
 DEFAULT_OUTPUT = "bench/results/async_rollouts.json"
+# --model DIR (a real model, e.g. SmolLM2-135M-Instruct): the shape of `grpo bench --versus-trl --learn` (P=4, G=8,
+# T=32, no warm-up; 200 test problems), 20 steps, and the two modes the comparison needs (a step is ~50x the
+# built-in model's, so sync_1thread is left out)
+MODEL_EXTRA = ["rollout.prompts_per_step=4", "optim.warmup_steps=0", "eval.n=200"]
 
 
 def default_spec(model: str | None, quick: bool) -> dict:
+    if model and not quick:
+        return {"model": model, "steps": 20, "repeats": 3, "max_staleness": 1, "modes": ["sync", "async"],
+                "extra": MODEL_EXTRA}
     return {"model": model, "steps": 4 if quick else 40, "repeats": 1 if quick else 3, "max_staleness": 1,
-            "extra": ["rollout.prompts_per_step=4", "eval.n=20"] if quick else []}
+            "modes": list(MODES), "extra": ["rollout.prompts_per_step=4", "eval.n=20"] if quick else []}
 
 
 def overrides(spec: dict, mode: str, seed: int) -> list[str]:
@@ -101,7 +110,7 @@ def run(spec: dict, output: Path, log=print) -> dict:
     result = {"spec": spec, "runs": [], "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="grpo-bench-async-") as tmp:
         for seed in range(spec["repeats"]):
-            for mode in MODES:
+            for mode in spec.get("modes", MODES):
                 r = run_one(spec, mode, seed, Path(tmp))
                 result["runs"].append(r)
                 result["aggregate"] = aggregate(result["runs"])
