@@ -7,6 +7,7 @@ Imported as `helpers.tiny_hf` by tests/models, tests/data, tests/train and tests
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -102,3 +103,18 @@ def varied_reward(prompts, completions, **columns):
 
 varied_reward.in_process = True
 REWARDS = [("varied", varied_reward, 1.0)]
+_CALLS = [0]
+
+
+def varied_reward_rank1_worker_dies_once(prompts, completions, **columns):
+    """varied_reward, except that the rollout worker of rank 1 (rollout.mode=async under torchrun) exits at its
+    second call, once per directory (a file `worker-died` in the working directory marks it; a resume finishes)."""
+    _CALLS[0] += 1
+    if (os.environ.get("GRPO_ROLLOUT_WORKER") and os.environ.get("RANK") == "1" and _CALLS[0] == 2
+            and not Path("worker-died").exists()):
+        Path("worker-died").touch()
+        os._exit(9)
+    return varied_reward(prompts, completions, **columns)
+
+
+varied_reward_rank1_worker_dies_once.in_process = True

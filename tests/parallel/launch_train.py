@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a script, not under pytest: tests/ for helpers
 
 import torch  # noqa: E402
-from helpers.tiny_hf import varied_reward  # noqa: E402
+from helpers.tiny_hf import varied_reward, varied_reward_rank1_worker_dies_once  # noqa: E402
 
 from grpo.cli import main
 from grpo.parallel import Dist
@@ -22,6 +22,7 @@ from grpo.rewards import register_reward
 if __name__ == "__main__":
     torch.set_num_threads(1)
     register_reward("varied", varied_reward)
+    register_reward("varied_rank1_worker_dies_once", varied_reward_rank1_worker_dies_once)
     args = sys.argv[1:]
     runs = [args[:args.index("--then")], args[args.index("--then") + 1:]] if "--then" in args else [args]
     # Between runs the process group stays up: re-creating it in the same processes can read the previous

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,15 +30,17 @@ def overrides(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
             "log.plots=false", "log.progress=false", "optim.lr=0.01", "optim.warmup_steps=0", *extra]
 
 
-def torchrun(*runs: list[str], cwd: Path, preset: str | None = None) -> None:
-    """Launch 2 processes of launch_train.py; several runs go one after the other in the same launch."""
+def torchrun(*runs: list[str], cwd: Path, preset: str | None = None, code: int = 0) -> str:
+    """Launch 2 processes of launch_train.py; several runs go one after the other in the same launch. -> stderr,
+    after checking the launch's exit code."""
     args = []
     for i, run in enumerate(runs):
         args += (["--then"] if i else []) + ([preset] if preset else []) + ["reward.functions=[varied]", *run]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(LAUNCH), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPO_CACHE": str(cwd / "cache")}
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert (res.returncode == 0) == (code == 0), res.stdout[-3000:] + res.stderr[-6000:]
+    return res.stderr
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +122,79 @@ def test_ppo_with_fsdp_is_refused_naming_the_setting():
     with pytest.raises(ValueError, match="parallel.strategy=ddp"):
         check_parallel_config(cfg, Dist(rank=0, world_size=2, strategy="fsdp"))
     check_parallel_config(cfg, Dist(rank=0, world_size=2, strategy="ddp"))  # allowed
+
+
+@pytest.fixture(scope="module")
+def async_runs(one_process, tmp_path_factory):
+    """One launch of 2 processes, three runs with the rank-keyed generators (rollout.seed_per_prompt=false): sync,
+    async K=0 and async K=1 (3 steps) -> their run directories."""
+    model, data, _ = one_process
+    root = tmp_path_factory.mktemp("async-ddp")
+    runs = {name: root / name for name in ("sync", "k0", "k1")}
+    common = ["parallel.strategy=ddp", "rollout.seed_per_prompt=false", "log.sample_groups=2"]
+    torchrun(overrides(model, data, runs["sync"], *common),
+             overrides(model, data, runs["k0"], *common, "rollout.mode=async", "rollout.max_staleness=0"),
+             overrides(model, data, runs["k1"], *common, "rollout.mode=async", "rollout.max_staleness=1",
+                       "train.steps=3"), cwd=root)
+    return runs
+
+
+def test_async_rollouts_under_torchrun_sample_each_ranks_shard_in_its_own_worker(async_runs):
+    """rollout.mode=async with 2 ranks: each rank's worker samples the rank's shard with the rank's generators and
+    loads its trainer's weights, so K=0 trains exactly the parameters of sync mode on the same 2 ranks; K=1 trains
+    with batches at most one update old."""
+    sync, k0 = (load_file(str(async_runs[n] / "final" / "model.safetensors")) for n in ("sync", "k0"))
+    assert sync.keys() == k0.keys() and all(torch.equal(sync[k], k0[k]) for k in sync)
+    assert [r["rollout/staleness"] for r in metrics(async_runs["k0"])[1:]] == [0.0, 0.0]
+    stale = [r["rollout/staleness"] for r in metrics(async_runs["k1"])[1:]]
+    assert len(stale) == 3 and stale[0] == 0.0 and all(s <= 1.0 for s in stale), stale
+    assert (async_runs["k1"] / "final" / "model.safetensors").exists()
+
+
+def prompts_by_step(run: Path) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for line in (run / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        out.setdefault(row["step"], []).append(row["prompt"])
+    return out
+
+
+def test_a_dead_worker_on_one_rank_stops_every_rank_with_a_checkpoint_and_the_run_resumes(one_process, async_runs,
+                                                                                          tmp_path):
+    """Rank 1's worker exits while sampling the second batch: rank 1 finds its pipe closed, rank 0 has its batch;
+    both stop at the same step (none waits in a collective for the other) with the step's checkpoint (each rank
+    exits 3). The checkpoint's prompt stream is after the last batch trained on, so a --resume (new workers)
+    trains on the prompts of the uninterrupted run."""
+    model, data, _ = one_process
+    run = tmp_path / "run"
+    args = [*overrides(model, data, run, "parallel.strategy=ddp", "rollout.seed_per_prompt=false",
+                       "log.sample_groups=2", "rollout.mode=async", "train.steps=3"),
+            "reward.functions=[varied_rank1_worker_dies_once]"]
+    err = torchrun(args, cwd=tmp_path, code=3)
+    assert (tmp_path / "worker-died").exists()
+    # torchrun stops the other rank once one exits, so either rank's message may be the one printed
+    assert "pipe closed" in err and re.search(r"exitcode\s*:\s*3", err), err[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-000001"]
+    assert (run / "checkpoints" / "step-000001" / "COMMITTED").exists() and not (run / "final").exists()
+    torchrun([*args, "--resume"], cwd=tmp_path)
+    assert [r["step"] for r in metrics(run)] == [0, 1, 2, 3]
+    assert prompts_by_step(run) == prompts_by_step(async_runs["k1"])
+
+
+def test_what_async_rollouts_cannot_do_under_torchrun_is_refused():
+    from grpo.config import ConfigError
+    from grpo.parallel.dist import SINGLE, Dist
+    from grpo.train.async_rollouts import check_async_config
+
+    two = Dist(rank=0, world_size=2, strategy="fsdp")
+    with pytest.raises(ConfigError, match="parallel.strategy=ddp"):
+        check_async_config(load_config(None, ["rollout.mode=async"]), two, "cpu")
+    two.strategy = "ddp"
+    check_async_config(load_config(None, ["rollout.mode=async"]), two, "cpu")  # allowed
+    with pytest.raises(ConfigError, match="drop_zero_std_groups"):
+        check_async_config(load_config(None, ["rollout.mode=async", "algo.drop_zero_std_groups=true"]), two, "cpu")
+    # the other ranks wait in a collective (1,800 s timeout) for up to the worker's start-up (600 s) + this limit
+    with pytest.raises(ConfigError, match="rollout.worker_timeout_s=1200 under torchrun"):
+        check_async_config(load_config(None, ["rollout.mode=async", "rollout.worker_timeout_s=1200"]), two, "cpu")
+    check_async_config(load_config(None, ["rollout.mode=async", "rollout.worker_timeout_s=1199"]), two, "cpu")
+    check_async_config(load_config(None, ["rollout.mode=async", "rollout.worker_timeout_s=5000"]), SINGLE, "cpu")

@@ -216,3 +216,19 @@ def test_top_p_below_one_takes_pi_old_from_the_full_distribution(tiny_model_dir,
     # the truncated distribution gives every kept token more mass: the full one's log-probs are lower
     assert bool(((seen[1] - rollouts.logp * mask) * mask <= 1e-6).all())
     assert float(((rollouts.logp - seen[1]) * mask).sum()) > 0
+
+
+def test_behaviour_logprobs_of_a_batch_padded_wider_than_its_samples():
+    """Several processes pad every rank's batch to the widest rank's completions (parallel.align_batch): the
+    sampler's (N, T) log-probs are padded to the batch's width and masked."""
+    from types import SimpleNamespace
+
+    from grpo.train.rollout_source import ScoredBatch, behaviour_logprobs
+
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    scored = ScoredBatch(SimpleNamespace(logp=logp), None, 0.0, 0.0, policy_version=0)
+    expected = torch.tensor([[-1.0, -2.0, -3.0, 0.0, 0.0], [-4.0, -5.0, 0.0, 0.0, 0.0]])
+    assert torch.equal(behaviour_logprobs(scored, mask), expected)
+    scored.behaviour_logp = logp * 2  # top_p < 1: the full distribution's, computed in the worker
+    assert torch.equal(behaviour_logprobs(scored, mask), expected * 2)

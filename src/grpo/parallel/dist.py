@@ -75,6 +75,9 @@ def all_reduce_grads(params) -> None:
         offset += g.numel()
 
 
+PROCESS_GROUP_TIMEOUT_S = 1800.0  # a collective waits this long for the other ranks, then fails
+
+
 @dataclass
 class Dist:
     """This process's place in the job: rank, world size, local rank (its GPU), backend and strategy."""
@@ -225,7 +228,7 @@ def init_distributed(parallel_cfg, device: str = "auto") -> Dist:
     dist = _dist()
     if not dist.is_initialized():
         kwargs = {"device_id": dev} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=timedelta(minutes=30), **kwargs)
+        dist.init_process_group(backend, timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S), **kwargs)
     if dist.get_world_size() != world or dist.get_rank() != rank:
         raise RuntimeError(f"process group is rank {dist.get_rank()} of {dist.get_world_size()}, the environment "
                            f"says {rank} of {world}")

@@ -15,7 +15,10 @@ ahead are sampled again after a resume, with the resumed weights).
 The trainer never waits on the worker without a bound: a worker that dies is noticed within a poll (0.2 s), one
 that produces nothing for rollout.worker_timeout_s (after its start-up, at most STARTUP_S) is killed; both raise RolloutWorkerError, which stops the run with
 a checkpoint (train/loop.py). An exception inside the worker is raised here as it was (a RewardOutputError stays
-one). The CPU threads are split: the worker takes rollout.worker_threads (default half), the trainer the rest.
+one). Under torchrun (parallel.strategy=ddp) every rank has its own worker, which samples the rank's shard of the
+step's prompts with the rank's generators, and loads its trainer's weights (identical on every rank after DDP's
+update) from that trainer's shared memory: no collective carries weights, and one collective a step makes the
+ranks stop together when one rank's worker fails. The CPU threads are split: the worker takes rollout.worker_threads (default half), the trainer the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 
 from grpo.config import ConfigError
 from grpo.errors import RolloutWorkerError
+from grpo.parallel.dist import PROCESS_GROUP_TIMEOUT_S
 from grpo.train.rollout_source import ScoredBatch
 from grpo.train.rollout_worker import WorkerFailure, WorkerSpec, worker_main
 from grpo.train.shared_weights import SharedWeights, SideGone
@@ -59,6 +63,41 @@ class AsyncRollouts:
         self._threads = None
 
     def next(self, step: int) -> ScoredBatch:
+        """The batch for `step`. Under torchrun every rank returns one or every rank raises: a rank whose worker
+        failed alone would leave the others waiting in the update's collectives (see _agree)."""
+        failure = None
+        try:
+            item = self._next(step)
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then raised
+            item, failure = None, e
+        if self.trainer.dist.enabled:
+            self._agree(failure)
+        if failure is not None:
+            raise failure
+        # only now (every rank has its batch): a checkpoint resumes after this batch
+        self.trainer.stream.load_state_dict(item.stream_state)
+        return item
+
+    def _agree(self, failure: Exception | None) -> None:
+        """torchrun: one collective a step (two when a rank failed). When one rank's worker failed, every rank
+        raises at this step: a dead or hung worker (RolloutWorkerError) on every failing rank stops all of them with
+        the checkpoint (train/loop.py: each rank reaches the save), any other error (a reward's, raised with its
+        type on its rank) stops them without one, as that error does in rollout.mode=sync."""
+        d = self.trainer.dist
+        if not d.any(failure is not None):
+            return
+        worker_gone = isinstance(failure, RolloutWorkerError) if failure is not None else None
+        reports = d.gather(None if failure is None else (worker_gone, f"{type(failure).__name__}: {failure}"))
+        checkpoint = all(r[0] for r in reports if r is not None)
+        if failure is not None:
+            if worker_gone and not checkpoint:  # another rank's error stops the job without one: so does this rank
+                raise RuntimeError(str(failure)) from failure
+            return  # next() raises this rank's own error
+        rank, (_, text) = next((i, r) for i, r in enumerate(reports) if r is not None)
+        self.close()
+        raise (RolloutWorkerError if checkpoint else RuntimeError)(f"rank {rank}'s rollout worker failed: {text}")
+
+    def _next(self, step: int) -> ScoredBatch:
         if self.publish_error is not None:  # the last step's publish failed: its update and metrics are kept
             error, self.publish_error = self.publish_error, None
             raise error
@@ -72,7 +111,6 @@ class AsyncRollouts:
                 self.dropped += 1
                 continue
             self.staleness = float(step - item.policy_version)
-            self.trainer.stream.load_state_dict(item.stream_state)  # a checkpoint resumes after this batch
             return item
 
     def sync_weights(self, policy, version: int) -> None:
@@ -176,7 +214,7 @@ class AsyncRollouts:
                                          "for slow generation or rewards")
         if isinstance(item, WorkerFailure):
             self.close()
-            if item.error is not None:
+            if isinstance(item.error, Exception):  # (a SystemExit or KeyboardInterrupt in the worker is its failure)
                 log.debug("rollout worker traceback:\n%s", item.text)
                 raise item.error
             raise RolloutWorkerError(f"the rollout worker failed:\n{item.text}")
@@ -188,9 +226,18 @@ def check_async_config(cfg, dist, device) -> None:
     if cfg.rollout.engine != "native":
         raise ConfigError("rollout.mode=async runs the native sampler in a worker process; rollout.engine=vllm is "
                           "not supported there yet (use rollout.mode=sync with vLLM)")
-    if dist.enabled:
-        raise ConfigError("rollout.mode=async is one trainer process and one rollout worker; under torchrun "
-                          "(several processes) use rollout.mode=sync")
+    if dist.enabled and dist.strategy == "fsdp":
+        raise ConfigError("rollout.mode=async under torchrun runs with parallel.strategy=ddp: each rank's worker "
+                          "loads the whole weights after every update, and FSDP holds a shard per rank")
+    if dist.enabled and STARTUP_S + cfg.rollout.worker_timeout_s >= PROCESS_GROUP_TIMEOUT_S:
+        raise ConfigError(f"rollout.worker_timeout_s={cfg.rollout.worker_timeout_s:g} under torchrun: the other ranks "
+                          f"wait for a rank's worker in a collective, which times out after "
+                          f"{PROCESS_GROUP_TIMEOUT_S:g} s without a checkpoint; at most "
+                          f"{PROCESS_GROUP_TIMEOUT_S - STARTUP_S - 1:g} (its start-up may take {STARTUP_S:g} more)")
+    if dist.enabled and cfg.algo.drop_zero_std_groups:
+        raise ConfigError("algo.drop_zero_std_groups (DAPO's resampling) with rollout.mode=async is one process "
+                          "only: under torchrun the ranks decide together when to stop resampling, and the workers "
+                          "are not in the job's process group; use rollout.mode=sync")
     if torch.device(device).type != "cpu":
         raise ConfigError(f"rollout.mode=async runs on the CPU only for now (the model is on {device}): the "
                           "shared-memory weight copy has not been run on a GPU; use rollout.mode=sync there")
@@ -222,7 +269,7 @@ def worker_spec(trainer, model_dir) -> WorkerSpec:
         raise ConfigError(f"rollout.mode=async sends the task to the rollout worker and {type(env_task).__name__} "
                           "cannot be pickled; use rollout.mode=sync")
     return WorkerSpec(cfg=cfg, model_dir=model_dir, train_prompts=trainer.train_prompts, env_task=env_task,
-                      reward_specs=specs)
+                      reward_specs=specs, rank=trainer.dist.rank, world_size=trainer.dist.world_size)
 
 
 def _pickles(obj) -> bool:

@@ -81,8 +81,8 @@ class BatchProducer:
                 rollouts, scores = rollouts.select_groups(keep), select_groups(scores, keep, G)
             kept_r.append(rollouts)
             kept_s.append(scores)
-            if self.dist.all(sum(len(r.prompts) for r in kept_r) >= P_rank):  # ranks stop together
-                break
+            if not cfg.algo.drop_zero_std_groups or self.dist.all(sum(len(r.prompts) for r in kept_r) >= P_rank):
+                break  # resampling: the ranks stop together (one round otherwise, and no collective)
         rollouts = Rollouts.concat(kept_r, self.tokenizer.pad_token_id)
         scores = concat_scores(kept_s)
         if cfg.algo.drop_zero_std_groups and not rollouts.prompts:  # nothing informative in any round: the last
@@ -141,8 +141,11 @@ class SyncRollouts:
 
 def behaviour_logprobs(scored: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
     """(N, T) pi_old of a batch sampled by an older policy: the log-probs of the policy that sampled it (the
-    sampler's own, or those of its full distribution when rollout.top_p < 1), 0 where `mask` is 0."""
+    sampler's own, or those of its full distribution when rollout.top_p < 1), 0 where `mask` is 0. The batch may be
+    wider than the sampled log-probs (several processes pad every rank's batch to the widest rank's completions:
+    parallel.align_batch); the padding is masked."""
     logp = scored.behaviour_logp if scored.behaviour_logp is not None else scored.rollouts.logp
+    logp = torch.nn.functional.pad(logp, (0, mask.shape[1] - logp.shape[1]))
     return logp.to(mask.device, mask.dtype) * mask
 
 

@@ -27,18 +27,23 @@ from pathlib import Path
 
 import torch
 
+from grpo.parallel.dist import Dist
+
 
 @dataclass
 class WorkerSpec:
     """What the worker rebuilds its side from: the config, the model directory the trainer loaded, the trainer's
     training prompts (after its checks), the task when it has an environment (None: single-turn), and the reward
-    specs (None: rebuilt from cfg.reward.functions, for functions read from a file, which do not pickle)."""
+    specs (None: rebuilt from cfg.reward.functions, for functions read from a file, which do not pickle); under
+    torchrun, the rank the worker samples for."""
 
     cfg: object
     model_dir: Path
     train_prompts: list
     env_task: object | None
     reward_specs: list | None
+    rank: int = 0  # under torchrun: the trainer's rank and world size (its shard of each step's prompts)
+    world_size: int = 1
 
 
 @dataclass
@@ -125,7 +130,28 @@ def build_producer(spec: WorkerSpec, stream_state: dict):
     stream.load_state_dict(stream_state)
     sampler = build_engine(cfg, policy, tokenizer, spec.model_dir)
     env = task_environment(spec.env_task, tokenizer) if spec.env_task is not None else None
-    return BatchProducer(cfg, policy, sampler, tokenizer, env, rewards, stream), policy
+    dist = RankWithoutGroup(rank=spec.rank, world_size=spec.world_size)
+    return BatchProducer(cfg, policy, sampler, tokenizer, env, rewards, stream, dist), policy
+
+
+class RankWithoutGroup(Dist):
+    """The rank a worker samples for under torchrun: its trainer's rank and world size, for the shard of each step's
+    prompts and the per-rank generators, exactly as the trainer would sample in rollout.mode=sync. The worker is not
+    in the job's process group (one worker per rank, each fed by its own trainer), so a collective is refused."""
+
+    def reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        return values if not self.enabled else self._refuse()
+
+    def gather(self, obj) -> list:
+        return [obj] if not self.enabled else self._refuse()
+
+    def barrier(self) -> None:
+        if self.enabled:
+            self._refuse()
+
+    @staticmethod
+    def _refuse():
+        raise RuntimeError("the rollout worker is not in the job's process group: no collectives in the worker")
 
 
 @torch.no_grad()
