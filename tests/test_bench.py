@@ -72,3 +72,18 @@ def test_async_bench_aggregates_seeds_and_ratios_by_hand():
     assert "async_over_sync_1thread" not in agg  # no sync_1thread run: no ratio to it
     ov = overrides({"steps": 5, "max_staleness": 1, "extra": [], "model": None}, "sync_1thread", 2)
     assert "rollout.mode=sync" in ov and "train.seed=2" in ov and "eval.val_n=0" in ov
+
+
+def test_async_bench_spec_takes_the_command_lines_overrides_last_and_refuses_them_elsewhere(capsys):
+    from argparse import Namespace
+
+    from grpo.bench.async_rollouts import MODEL_EXTRA, overrides, spec_from_args
+    from grpo.cli import main
+
+    spec = spec_from_args(Namespace(model="/m", quick=False, steps=None, repeats=2, overrides=["kl.coef=0.04"]))
+    assert spec["modes"] == ["sync", "async"] and spec["steps"] == 20 and spec["repeats"] == 2  # the real-model shape
+    ov = overrides(spec, "async", 0)
+    assert ov.index("kl.coef=0.04") > max(ov.index(x) for x in MODEL_EXTRA)  # later overrides win
+    assert "rollout.mode=async" in ov and "rollout.prompts_per_step=4" in ov
+    assert main(["bench", "kl.coef=0.04"]) == 2  # without --async-rollouts the overrides would be ignored
+    assert "apply to --async-rollouts runs only" in capsys.readouterr().err

@@ -268,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(grpo/bench/async_rollouts.py; default output bench/results/async_rollouts.json)")
     b.add_argument("--model", default=None, help="with --versus-trl or --async-rollouts: a model directory (default: "
                    "the built-in model)")
+    b.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="with --async-rollouts: config overrides for "
+                   "every run, e.g. kl.coef=0.04")
     b.add_argument("--steps", type=int, default=None, help="with --versus-trl: timed steps per process (default 3); "
                    "with --async-rollouts: training steps per run (default 40)")
     b.add_argument("--repeats", type=int, default=None, help="with --versus-trl: processes per method (default 3); "

@@ -3,7 +3,7 @@
     python tests/parallel/launch_train.py section.key=value ...
     torchrun --standalone --nproc_per_node=2 tests/parallel/launch_train.py section.key=value ...
 
-`ARGS1 --then ARGS2` runs two trainings one after the other in the same processes (e.g. a run, then its
+`ARGS1 --then ARGS2 [--then ARGS3 ...]` runs the trainings one after the other in the same processes (e.g. a run, then its
 --resume), saving a second launch.
 """
 
@@ -24,7 +24,9 @@ if __name__ == "__main__":
     register_reward("varied", varied_reward)
     register_reward("varied_rank1_worker_dies_once", varied_reward_rank1_worker_dies_once)
     args = sys.argv[1:]
-    runs = [args[:args.index("--then")], args[args.index("--then") + 1:]] if "--then" in args else [args]
+    runs = [[]]
+    for arg in args:  # ARGS1 --then ARGS2 --then ARGS3 ...
+        runs.append([]) if arg == "--then" else runs[-1].append(arg)
     # Between runs the process group stays up: re-creating it in the same processes can read the previous
     # group's addresses from torchrun's store. Each run still builds its own Trainer (a resume reads the disk).
     Dist.close = lambda self: None

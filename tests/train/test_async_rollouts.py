@@ -232,3 +232,46 @@ def test_behaviour_logprobs_of_a_batch_padded_wider_than_its_samples():
     assert torch.equal(behaviour_logprobs(scored, mask), expected)
     scored.behaviour_logp = logp * 2  # top_p < 1: the full distribution's, computed in the worker
     assert torch.equal(behaviour_logprobs(scored, mask), expected * 2)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_with_a_kl_term_the_worker_sends_the_initial_models_logprobs_as_pi_ref(tiny_model_dir, tmp_path, monkeypatch,
+                                                                               lora):
+    """kl.coef > 0 in async mode: the worker holds pi_ref (the model directory's weights; LoRA: the adapter-disabled
+    policy) and computes its log-probs of each batch while the trainer updates; the trainer holds no reference. Each
+    update's batch.ref_logp equals the initial model's log-probs of the sampled tokens, by a loop over the rows here
+    (a reference that followed the worker's published weights would differ from step 2 on)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.train import trainer as trainer_module
+
+    seen, real_update = [], trainer_module.policy_update
+
+    def spy(model, optimizer, scheduler, batch, cfg, dist, **kw):
+        seen.append((batch.prompt_ids.clone(), batch.prompt_mask.clone(), batch.completion_ids.clone(),
+                     batch.mask.clone(), batch.ref_logp.clone()))
+        return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
+
+    monkeypatch.setattr(trainer_module, "policy_update", spy)
+    extra = ["kl.coef=0.1", "optim.lr=0.01", "optim.warmup_steps=0", *(["model.lora_rank=4"] if lora else [])]
+    trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, *extra)
+    try:
+        assert trainer.ref is None
+        before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
+        steps = _steps(trainer, 3)
+        temperature = trainer.cfg.rollout.temperature
+    finally:
+        trainer.close()
+    assert any(not torch.equal(before[k], steps[1][2][k]) for k in before), "the policy did not move"
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+    G = len(seen[0][2]) // len(seen[0][0])
+    for step, (prompt_ids, prompt_mask, completion_ids, mask, ref_logp) in enumerate(seen):
+        expected = torch.zeros_like(ref_logp)
+        for i in range(len(completion_ids)):
+            prompt = prompt_ids[i // G][prompt_mask[i // G].bool()]
+            n = int(mask[i].sum())
+            ids = torch.cat([prompt, completion_ids[i, :n]])[None]
+            with torch.no_grad():
+                logits = initial(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+            expected[i, :n] = torch.log_softmax(logits, -1).gather(-1, completion_ids[i, :n, None])[:, 0]
+        assert torch.allclose(ref_logp, expected, atol=1e-4), f"step {step + 1}: {(ref_logp - expected).abs().max()}"

@@ -1,6 +1,6 @@
 """`grpo bench --async-rollouts`: rollout.mode=async (max_staleness 1) against rollout.mode=sync, same runs otherwise.
 
-    grpo bench --async-rollouts [--model DIR] [--steps 40] [--repeats 3] [--quick] [--output PATH]
+    grpo bench --async-rollouts [--model DIR] [--steps 40] [--repeats 3] [--quick] [--output PATH] [KEY=VALUE ...]
 
 Each (seed, mode) is one `grpo train` process on the default task (the built-in model unless --model), the modes
 interleaved per seed (sync, sync_1thread, async, sync, ...) so that all see the same machine load. Three modes,
@@ -148,11 +148,19 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args) -> int:
+def spec_from_args(args) -> dict:
+    """The benchmark's spec from `grpo bench --async-rollouts` arguments: the defaults, --steps, --repeats, and the
+    KEY=VALUE overrides after the default ones (so they win)."""
     spec = default_spec(getattr(args, "model", None), getattr(args, "quick", False))
     for key in ("steps", "repeats"):
         if getattr(args, key, None):
             spec[key] = getattr(args, key)
+    spec["extra"] = [*spec["extra"], *(getattr(args, "overrides", None) or [])]
+    return spec
+
+
+def main(args) -> int:
+    spec = spec_from_args(args)
     out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
     result = run(spec, out, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(result))

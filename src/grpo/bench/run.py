@@ -237,6 +237,10 @@ def main(args) -> int:
         from grpo.errors import ConfigError
 
         raise ConfigError("--learn measures learning against TRL: give it with --versus-trl")
+    if getattr(args, "overrides", None):
+        from grpo.errors import ConfigError
+
+        raise ConfigError(f"config overrides {args.overrides} apply to --async-rollouts runs only")
     if getattr(args, "versus_trl", False):  # a part of its own: ours against TRL on one model (versus_trl.py)
         from grpo.bench import learning_vs_trl, versus_trl
 

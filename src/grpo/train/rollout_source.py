@@ -35,6 +35,8 @@ class ScoredBatch:
         keeps it so that a checkpoint resumes after the last batch it trained on). None in sync mode.
     behaviour_logp: (N, T) log-probs of the sampled tokens under the sampling policy's full tempered distribution
         (async with rollout.top_p < 1, where the sampler's own log-probs are of the truncated one); else None.
+    ref_logp: (N, T) log-probs of the sampled tokens under pi_ref, computed by the async worker (kl.coef > 0: the
+        reference is frozen, so its forward overlaps the update too); None in sync mode.
     """
 
     rollouts: Rollouts
@@ -44,6 +46,7 @@ class ScoredBatch:
     policy_version: int
     stream_state: dict | None = None
     behaviour_logp: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
 
 
 class BatchProducer:
@@ -141,10 +144,14 @@ class SyncRollouts:
 
 def behaviour_logprobs(scored: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
     """(N, T) pi_old of a batch sampled by an older policy: the log-probs of the policy that sampled it (the
-    sampler's own, or those of its full distribution when rollout.top_p < 1), 0 where `mask` is 0. The batch may be
-    wider than the sampled log-probs (several processes pad every rank's batch to the widest rank's completions:
+    sampler's own, or those of its full distribution when rollout.top_p < 1), 0 where `mask` is 0."""
+    return masked_to(scored.behaviour_logp if scored.behaviour_logp is not None else scored.rollouts.logp, mask)
+
+
+def masked_to(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(N, T') log-probs of the sampled tokens -> (N, T) on the batch's device, 0 where `mask` is 0. The batch may be
+    wider than the samples (several processes pad every rank's batch to the widest rank's completions:
     parallel.align_batch); the padding is masked."""
-    logp = scored.behaviour_logp if scored.behaviour_logp is not None else scored.rollouts.logp
     logp = torch.nn.functional.pad(logp, (0, mask.shape[1] - logp.shape[1]))
     return logp.to(mask.device, mask.dtype) * mask
 

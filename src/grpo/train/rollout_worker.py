@@ -4,6 +4,7 @@
         wait until the trainer has published policy version >= step - K      (K = rollout.max_staleness)
         load the newest published weights (one copy, shared memory: grpo.train.shared_weights)
         sample + score the step's batch (grpo.train.rollout_source.BatchProducer, rewards and episodes included)
+        kl.coef > 0: the reference policy's log-probs of it (the worker holds pi_ref; the trainer holds none)
         send ScoredBatch(policy_version=the version it sampled with) on a one-way pipe (the trainer reads it in a thread)
 
 Batches are sampled from generators seeded by (train.seed, step, round) (or per prompt with rollout.seed_per_prompt),
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.models.lora import reference_policy
 from grpo.parallel.dist import Dist
 
 
@@ -70,16 +72,17 @@ def worker_main(spec: WorkerSpec, weights, writer, stop, ready, start_step: int,
     try:
         torch.set_num_threads(threads)
         producer, policy = build_producer(spec, stream_state)
-        ready.set()
-        run_worker(producer, policy, spec.cfg, weights, writer, should_stop, start_step)
+        ref = reference_policy(policy, spec.cfg)  # before any published weights: the model directory's, as the
+        ready.set()                               # trainer's reference is in sync mode (LoRA: adapters disabled)
+        run_worker(producer, policy, spec.cfg, weights, writer, should_stop, start_step, ref)
     except BaseException as e:  # noqa: BLE001 - everything goes to the trainer, which decides
         if not should_stop():
             _send(writer, WorkerFailure(_picklable(e), traceback.format_exc()))
 
 
-def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: int) -> None:
+def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: int, ref=None) -> None:
     """Produce batches start_step, start_step + 1, ... up to train.steps - 1, until should_stop() (see the module's
-    docstring)."""
+    docstring). ref: the reference policy (kl.coef > 0) whose log-probs go with each batch, else None."""
     from grpo.train.rollout_source import ScoredBatch
 
     K, version = cfg.rollout.max_staleness, None
@@ -89,13 +92,17 @@ def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: 
         if weights.current() != version:
             version = weights.load_into(policy, should_stop)
         rollouts, scores, gen_s, reward_s = producer.produce(step, per_step_generators=True)
-        behaviour = None
+        behaviour = ref_logp = None
         if cfg.rollout.top_p < 1.0:  # the sampler's log-probs are of the truncated distribution: the full one
-            behaviour = full_distribution_logprobs(policy, rollouts, cfg)
+            behaviour = sequence_logprobs(policy, rollouts, cfg)
+        if ref is not None:
+            with ref.active() as ref_model:
+                ref_logp = sequence_logprobs(ref_model, rollouts, cfg)
         if should_stop():
             return
         _send(writer, ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=version,
-                                  stream_state=producer.stream.state_dict(), behaviour_logp=behaviour))
+                                  stream_state=producer.stream.state_dict(), behaviour_logp=behaviour,
+                                  ref_logp=ref_logp))
 
 
 def _die_with_parent() -> None:
@@ -155,12 +162,13 @@ class RankWithoutGroup(Dist):
 
 
 @torch.no_grad()
-def full_distribution_logprobs(policy, rollouts, cfg) -> torch.Tensor:
-    """(N, T) log-probs of the sampled tokens under `policy`'s tempered distribution, by the trainer's forward."""
+def sequence_logprobs(model, rollouts, cfg) -> torch.Tensor:
+    """(N, T) log-probs of the sampled tokens under `model`'s full tempered distribution, by the trainer's forward
+    (the policy's with top_p < 1, the reference's with kl.coef > 0)."""
     from grpo.train.update import PolicyBatch, batch_logprobs
 
-    batch = PolicyBatch.from_rollouts(rollouts, cfg, next(policy.parameters()).device)
-    return batch_logprobs(policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
+    batch = PolicyBatch.from_rollouts(rollouts, cfg, next(model.parameters()).device)
+    return batch_logprobs(model, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
                           cfg.optim.logprob_chunk_tokens)
 
 

@@ -39,7 +39,7 @@ from grpo.train.episodes import env_limits, env_metrics, task_environment
 from grpo.warmup import policy_directory
 from grpo.train.update import PolicyBatch, batch_logprobs, policy_update
 from grpo.train.step_result import StepResult
-from grpo.train.rollout_source import (BatchProducer, ScoredBatch, SyncRollouts, behaviour_logprobs,
+from grpo.train.rollout_source import (BatchProducer, ScoredBatch, SyncRollouts, behaviour_logprobs, masked_to,
                                        resolve_reward_specs)
 from grpo.types import Rollouts
 
@@ -109,7 +109,9 @@ class Trainer:
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
         self.device = next(self.policy.parameters()).device
-        self.ref = reference_policy(self.policy, cfg)  # None at beta = 0; LoRA: the adapter-disabled policy
+        # None at beta = 0, and in rollout.mode=async (the worker holds it and sends pi_ref's log-probs with each
+        # batch); LoRA: the adapter-disabled policy
+        self.ref = reference_policy(self.policy, cfg) if cfg.rollout.mode == "sync" else None
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
         # one step's rollouts and rewards (rollout_source.py); sampler, env_factory, rewards and stream are its parts
         self.producer = BatchProducer(
@@ -173,7 +175,9 @@ class Trainer:
             batch.old_logp = behaviour_logprobs(scored, batch.mask)
         elif cfg.algo.epochs > 1 or self.critic is not None:
             batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk)
-        if self.ref is not None:
+        if scored.ref_logp is not None:  # async: computed by the worker while the previous update ran
+            batch.ref_logp = masked_to(scored.ref_logp, batch.mask)
+        elif self.ref is not None:
             with self.ref.active() as ref_model:
                 batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk)
 
