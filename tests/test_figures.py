@@ -78,6 +78,8 @@ LEARN_TRL = "bench/results/learning_vs_trl_smollm2.json"
 ASYNC_DOC = "docs/async.md"
 ASYNC = "bench/results/async_rollouts.json"
 ASYNC_LOADED = "bench/results/async_rollouts_loaded.json"
+ASYNC_SMOL = "bench/results/async_rollouts_smollm2.json"
+ASYNC_KL = "bench/results/async_rollouts_kl.json"
 PERF_DOC = "docs/performance.md"
 PROFILE = "bench/results/profile_step_smollm2.json"
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
@@ -165,6 +167,11 @@ def _async_table(d) -> str:
     from grpo.bench.async_rollouts import table
 
     return table(d)
+
+
+def _mode_mean(d, mode: str, key: str) -> float:
+    """async_rollouts: the mean of a per-run figure over the seeds of one mode."""
+    return statistics.mean(r[key] for r in d["runs"] if r["mode"] == mode)
 
 
 def _mean_of(d, key: str, config: str | None = None) -> float:
@@ -548,6 +555,28 @@ FIGURES = [
     F(ASYNC_DOC, ASYNC, "{table}", table=_async_table),
     F(ASYNC_DOC, ASYNC_LOADED, "{table}", table=_async_table),
     F(ASYNC_DOC, ASYNC, "load average {min(runs.load_before):.1f} to {max(runs.load_before):.1f} before the runs"),
+    F(ASYNC_DOC, ASYNC_KL, "{table}", table=_async_table),
+    F(ASYNC_DOC, ASYNC_KL, "async makes {aggregate.async_over_sync.steady_steps_per_min:.2f}x sync's steady steps per "
+                           "minute ({aggregate.async_over_sync_1thread.steady_steps_per_min:.2f}x against "
+                           "`sync_1thread`), and its test accuracy per 1,000 completions, "
+                           "{aggregate.async.gain_per_1k_completions.mean:.4f} +- "
+                           "{aggregate.async.gain_per_1k_completions.std:.4f} against "
+                           "{aggregate.sync.gain_per_1k_completions.mean:.4f} +- "
+                           "{aggregate.sync.gain_per_1k_completions.std:.4f}, is ahead. Counted with the worker's "
+                           "start-up (a spawned process importing torch and loading the model, paid once a run) it "
+                           "is {aggregate.async_over_sync.steps_per_min:.2f}x"),
+    F(ASYNC_DOC, ASYNC_SMOL, "{table}", table=_async_table),
+    F(ASYNC_DOC, ASYNC_SMOL, "test accuracy from {runs[0].accuracy_before:.3f} before training"),
+    F(ASYNC_DOC, ASYNC_SMOL, "per 1,000 completions: async {aggregate.async.gain_per_1k_completions.mean:.4f} +- "
+                             "{aggregate.async.gain_per_1k_completions.std:.4f}, sync "
+                             "{aggregate.sync.gain_per_1k_completions.mean:.4f} +- "
+                             "{aggregate.sync.gain_per_1k_completions.std:.4f}, within sync's spread), and async "
+                             "makes {aggregate.async_over_sync.steady_steps_per_min:.2f}x sync's steady steps"),
+    F(ASYNC_DOC, ASYNC_SMOL, "Its trainer took {upd:.1f} s a step for the update on one thread, longer than a whole "
+                             "synchronous step on two (generation and update: {sync_step:.1f} s), while the worker "
+                             "generated in {gen:.1f} s",
+      upd=lambda d: _mode_mean(d, "async", "update_s_mean"), gen=lambda d: _mode_mean(d, "async", "generate_s_mean"),
+      sync_step=lambda d: _mode_mean(d, "sync", "generate_s_mean") + _mode_mean(d, "sync", "update_s_mean")),
     F(ASYNC_DOC, ASYNC, "(sync 2 threads / 1 thread: {ratio:.2f}x)",
       ratio=lambda d: d["aggregate"]["sync"]["steady_steps_per_min"]["mean"]
       / d["aggregate"]["sync_1thread"]["steady_steps_per_min"]["mean"]),
