@@ -333,6 +333,12 @@ def test_compare_into_a_used_output_dir_is_refused_and_changes_nothing(tmp_path,
     assert tree_digest(used) == before
 
 
+def test_compare_in_async_mode_is_refused(tmp_path, capsys):
+    """compare's memory and CPU figures are each run's own process: a rollout worker would be left out."""
+    code, err = run(["compare", "--steps", "1", "rollout.mode=async", "--output-dir", str(tmp_path / "cmp")], capsys)
+    assert code == EXIT_USER and "rollout.mode=async moves sampling" in err and "use rollout.mode=sync" in err
+
+
 # ----------------------------------------------------------------------------- a run stopped by the user
 
 

@@ -4,12 +4,14 @@ Timings live in the benchmark, never in these assertions."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from grpo.bench import fit_exponent
+from grpo.config import ConfigError
 
 RUN_KEYS = {"model", "shape", "group_size", "step_s", "floor_s", "step_over_floor", "gen_tokens_per_s",
             "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "peak_rss_mb"}
@@ -80,10 +82,20 @@ def test_async_bench_spec_takes_the_command_lines_overrides_last_and_refuses_the
     from grpo.bench.async_rollouts import MODEL_EXTRA, overrides, spec_from_args
     from grpo.cli import main
 
-    spec = spec_from_args(Namespace(model="/m", quick=False, steps=None, repeats=2, overrides=["kl.coef=0.04"]))
+    def args(*overrides, output="x.json"):
+        return Namespace(model="/m", quick=False, steps=None, repeats=2, overrides=list(overrides), output=output)
+
+    spec = spec_from_args(args("kl.coef=0.04"))
     assert spec["modes"] == ["sync", "async"] and spec["steps"] == 20 and spec["repeats"] == 2  # the real-model shape
     ov = overrides(spec, "async", 0)
     assert ov.index("kl.coef=0.04") > max(ov.index(x) for x in MODEL_EXTRA)  # later overrides win
     assert "rollout.mode=async" in ov and "rollout.prompts_per_step=4" in ov
     assert main(["bench", "kl.coef=0.04"]) == 2  # without --async-rollouts the overrides would be ignored
     assert "apply to --async-rollouts runs only" in capsys.readouterr().err
+    for bad, message in ((["rollout.mode=async"], "sets ['rollout.mode=async'] itself"),  # every row would be async
+                         (["train.seed=3"], "sets ['train.seed=3'] itself"), (["log.plots=true"], "itself"),
+                         (["kl.coef=-1"], "kl.coef")):                    # checked before the first run
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            spec_from_args(args(*bad))
+    with pytest.raises(ConfigError, match="name the results file with --output"):  # not over the quoted default
+        spec_from_args(args("kl.coef=0.04", output=None))

@@ -48,10 +48,12 @@ def _steps(trainer, n: int) -> list:
     return out
 
 
-def test_max_staleness_zero_gives_the_sync_updates_bitwise(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("kl", ["kl.coef=0", "kl.coef=0.1"])
+def test_max_staleness_zero_gives_the_sync_updates_bitwise(tiny_model_dir, tmp_path, kl):
+    """kl.coef=0.1: pi_ref's log-probs come from the worker, those of sync from the trainer: the same numbers."""
     with deterministic():
-        sync = new_trainer(tiny_model_dir, tmp_path / "sync", "rollout.seed_per_prompt=true", "train.steps=3")
-        asyn = new_trainer(tiny_model_dir, tmp_path / "async", *ASYNC, "rollout.max_staleness=0")
+        sync = new_trainer(tiny_model_dir, tmp_path / "sync", "rollout.seed_per_prompt=true", "train.steps=3", kl)
+        asyn = new_trainer(tiny_model_dir, tmp_path / "async", *ASYNC, "rollout.max_staleness=0", kl)
         try:
             a, b = _steps(sync, 3), _steps(asyn, 3)
         finally:
@@ -239,8 +241,9 @@ def test_with_a_kl_term_the_worker_sends_the_initial_models_logprobs_as_pi_ref(t
                                                                                lora):
     """kl.coef > 0 in async mode: the worker holds pi_ref (the model directory's weights; LoRA: the adapter-disabled
     policy) and computes its log-probs of each batch while the trainer updates; the trainer holds no reference. Each
-    update's batch.ref_logp equals the initial model's log-probs of the sampled tokens, by a loop over the rows here
-    (a reference that followed the worker's published weights would differ from step 2 on)."""
+    update's batch.ref_logp equals the initial model's log-probs of the sampled tokens, by a loop over the rows here:
+    2 steps, then a resumed third (its worker starts from the step-2 weights, so a reference taken from the first
+    published weights, or one that followed them, differs there)."""
     from transformers import AutoModelForCausalLM
 
     from grpo.train import trainer as trainer_module
@@ -253,17 +256,21 @@ def test_with_a_kl_term_the_worker_sends_the_initial_models_logprobs_as_pi_ref(t
         return real_update(model, optimizer, scheduler, batch, cfg, dist, **kw)
 
     monkeypatch.setattr(trainer_module, "policy_update", spy)
-    extra = ["kl.coef=0.1", "optim.lr=0.01", "optim.warmup_steps=0", *(["model.lora_rank=4"] if lora else [])]
-    trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, *extra)
-    try:
-        assert trainer.ref is None
-        before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
-        steps = _steps(trainer, 3)
-        temperature = trainer.cfg.rollout.temperature
-    finally:
-        trainer.close()
-    assert any(not torch.equal(before[k], steps[1][2][k]) for k in before), "the policy did not move"
-    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+    extra = ["kl.coef=0.1", "optim.lr=0.01", "optim.warmup_steps=0", "train.save_every=1", "eval.val_n=4",
+             *(["model.lora_rank=4"] if lora else [])]
+    for steps, resume in ((2, False), (3, True)):
+        trainer = new_trainer(tiny_model_dir, tmp_path / "run", *ASYNC, *extra, f"train.steps={steps}")
+        try:
+            assert trainer.ref is None
+            before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
+            trainer.train(resume=resume)
+            moved = any(not torch.equal(before[k], v) for k, v in trainer.policy.named_parameters())
+            temperature = trainer.cfg.rollout.temperature
+        finally:
+            trainer.close()
+        assert moved, "the policy did not move"
+    assert len(seen) == 3
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     G = len(seen[0][2]) // len(seen[0][0])
     for step, (prompt_ids, prompt_mask, completion_ids, mask, ref_logp) in enumerate(seen):
         expected = torch.zeros_like(ref_logp)

@@ -74,7 +74,8 @@ def run_one(spec: dict, mode: str, seed: int, work: Path) -> dict:
             "staleness_mean": statistics.fmean(r.get("rollout/staleness", 0.0) for r in steps),
             "wait_s_mean": statistics.fmean(r.get("perf/wait_s", 0.0) for r in steps[1:]),
             "generate_s_mean": statistics.fmean(r["perf/generate_s"] for r in steps[1:]),
-            "update_s_mean": statistics.fmean(r["perf/update_s"] for r in steps[1:])}
+            "update_s_mean": statistics.fmean(r["perf/update_s"] for r in steps[1:]),
+            "kl_mean": statistics.fmean(r.get("policy/kl", 0.0) for r in steps)}  # the KL term at work (kl.coef > 0)
 
 
 def _group_size(run_dir: Path) -> int:
@@ -148,14 +149,30 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# what the benchmark sets per run itself (overrides() and --steps/--repeats/--model): not a KEY=VALUE override
+OWN_KEYS = ("train.steps", "train.seed", "train.eval_every", "eval.val_n", "rollout.mode", "rollout.max_staleness",
+            "model.name", "log.")
+
+
 def spec_from_args(args) -> dict:
     """The benchmark's spec from `grpo bench --async-rollouts` arguments: the defaults, --steps, --repeats, and the
-    KEY=VALUE overrides after the default ones (so they win)."""
+    KEY=VALUE overrides after the default ones (so they win), checked before any run: a key the benchmark sets per
+    run, or an override the config refuses, is a ConfigError; overrides need their own --output (the default file
+    holds the default runs, which the docs quote)."""
+    from grpo.config import ConfigError, load_config
+
     spec = default_spec(getattr(args, "model", None), getattr(args, "quick", False))
     for key in ("steps", "repeats"):
         if getattr(args, key, None):
             spec[key] = getattr(args, key)
-    spec["extra"] = [*spec["extra"], *(getattr(args, "overrides", None) or [])]
+    extra = list(getattr(args, "overrides", None) or [])
+    own = [o for o in extra if o.split("=", 1)[0].startswith(OWN_KEYS)]
+    if own:
+        raise ConfigError(f"grpo bench --async-rollouts sets {own} itself per run (use --steps, --repeats, --model)")
+    if extra and not getattr(args, "output", None):
+        raise ConfigError(f"overrides {extra} change what is measured: name the results file with --output")
+    spec["extra"] = [*spec["extra"], *extra]
+    load_config(None, overrides(spec, "async", 0))  # a wrong key or value: one message now, not after a run
     return spec
 
 

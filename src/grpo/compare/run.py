@@ -65,6 +65,10 @@ def check_same_work(configs: dict) -> dict:
         return d
 
     dicts = {k: c.to_dict() for k, c in configs.items()}
+    if any(c.rollout.mode != "sync" for c in configs.values()):  # its memory and CPU figures are one process's
+        raise ConfigError("compare measures each method's models, memory and CPU time in its own process; "
+                          "rollout.mode=async moves sampling, rewards and the reference into a worker process that "
+                          "those figures would leave out: use rollout.mode=sync")
     first = next(iter(dicts.values()))
     for key in SAME_WORK:
         values = {k: get(d, key) for k, d in dicts.items()}

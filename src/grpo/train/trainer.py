@@ -180,6 +180,9 @@ class Trainer:
         elif self.ref is not None:
             with self.ref.active() as ref_model:
                 batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk)
+        elif cfg.kl.coef > 0:  # async: the worker holds pi_ref; a batch without its log-probs would drop the KL term
+            raise RuntimeError(f"kl.coef={cfg.kl.coef:g} but the batch of step {self.step_count + 1} came without "
+                               "pi_ref's log-probs and this trainer holds no reference")
 
     def _advantages(self, batch: PolicyBatch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """(N,) rewards -> advantages and their metrics: (N,) from the group estimator algo.advantage, or PPO's
