@@ -26,7 +26,10 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     runs = [[]]
     for arg in args:  # ARGS1 --then ARGS2 --then ARGS3 ...
-        runs.append([]) if arg == "--then" else runs[-1].append(arg)
+        if arg == "--then":
+            runs.append([])
+        else:
+            runs[-1].append(arg)
     # Between runs the process group stays up: re-creating it in the same processes can read the previous
     # group's addresses from torchrun's store. Each run still builds its own Trainer (a resume reads the disk).
     Dist.close = lambda self: None
