@@ -13,12 +13,13 @@ the prompt stream's state after it (a checkpoint resumes after the last batch tr
 ahead are sampled again after a resume, with the resumed weights).
 
 The trainer never waits on the worker without a bound: a worker that dies is noticed within a poll (0.2 s), one
-that produces nothing for rollout.worker_timeout_s (after its start-up, at most STARTUP_S) is killed; both raise RolloutWorkerError, which stops the run with
-a checkpoint (train/loop.py). An exception inside the worker is raised here as it was (a RewardOutputError stays
-one). Under torchrun (parallel.strategy=ddp) every rank has its own worker, which samples the rank's shard of the
+that produces nothing for rollout.worker_timeout_s (after its start-up, at most STARTUP_S) is killed; both raise
+RolloutWorkerError, which stops the run with a checkpoint (train/loop.py). An exception inside the worker is
+raised here as it was (a RewardOutputError stays one). Under torchrun (parallel.strategy=ddp) every rank has its own worker, which samples the rank's shard of the
 step's prompts with the rank's generators, and loads its trainer's weights (identical on every rank after DDP's
 update) from that trainer's shared memory: no collective carries weights, and one collective a step makes the
-ranks stop together when one rank's worker fails. The CPU threads are split: the worker takes rollout.worker_threads (default half), the trainer the rest.
+ranks stop together when one rank's worker fails. The CPU threads are split: the worker takes
+rollout.worker_threads (default half), the trainer the rest.
 """
 
 from __future__ import annotations
@@ -86,11 +87,12 @@ class AsyncRollouts:
         d = self.trainer.dist
         if not d.any(failure is not None):
             return
-        worker_gone = isinstance(failure, RolloutWorkerError) if failure is not None else None
-        reports = d.gather(None if failure is None else (worker_gone, f"{type(failure).__name__}: {failure}"))
+        mine = None if failure is None else (isinstance(failure, RolloutWorkerError),
+                                             f"{type(failure).__name__}: {failure}")
+        reports = d.gather(mine)  # per rank: None, or (its worker died or hung, the message)
         checkpoint = all(r[0] for r in reports if r is not None)
-        if failure is not None:
-            if worker_gone and not checkpoint:  # another rank's error stops the job without one: so does this rank
+        if mine is not None:
+            if mine[0] and not checkpoint:  # another rank's error stops the job without one: so does this rank
                 raise RuntimeError(str(failure)) from failure
             return  # next() raises this rank's own error
         rank, (_, text) = next((i, r) for i, r in enumerate(reports) if r is not None)
