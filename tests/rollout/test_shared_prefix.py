@@ -157,12 +157,20 @@ def test_gradient_checkpointing_and_degenerate_shapes_take_the_plain_path(tok):
 
 
 def test_micro_batches_count_the_prompt_once_per_group():
-    """A group costs L + G*T tokens with the shared prefix and G*(L+T) without; chunks are whole groups."""
+    """A group costs L + G*T tokens with the shared prefix and G*(L+T) without; chunks are whole groups when one
+    fits the budget, else parts of one group (L + g*T tokens for g rows), down to one row."""
     P, G, L, T = 4, 4, 10, 5
     b = update.PolicyBatch(prompt_ids=torch.zeros(P, L, dtype=torch.long), prompt_mask=torch.ones(P, L),
                            completion_ids=torch.zeros(P * G, T, dtype=torch.long), mask=torch.ones(P * G, T),
                            adv=torch.zeros(P * G), group_size=G)
     shared = list(b.group_chunks(60))  # 30 tokens a group: 2 groups a chunk
-    assert shared == [(slice(0, 2), slice(0, 8)), (slice(2, 4), slice(8, 16))]
+    assert shared == [(slice(0, 2), slice(0, 8), G), (slice(2, 4), slice(8, 16), G)]
     assert len(list(b.group_chunks(60, shared_prefix=False))) == 4  # 60 tokens a group
-    assert len(list(b.group_chunks(1))) == 4  # never less than one group
+    halves = list(b.group_chunks(20))  # 10 + 2 * 5: two rows of a group a micro-batch
+    assert halves[:3] == [(slice(0, 1), slice(0, 2), 2), (slice(0, 1), slice(2, 4), 2), (slice(1, 2), slice(4, 6), 2)]
+    assert len(halves) == 8
+    uneven = list(b.group_chunks(25))  # 3 rows fit: parts of 3 and 1 rows
+    assert uneven[:2] == [(slice(0, 1), slice(0, 3), 3), (slice(0, 1), slice(3, 4), 1)]
+    ones = list(b.group_chunks(1))  # never less than one row
+    assert len(ones) == P * G and all(g == 1 for _, _, g in ones)
+    assert [r for _, rows, _ in ones for r in range(rows.start, rows.stop)] == list(range(P * G))

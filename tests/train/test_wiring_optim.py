@@ -56,7 +56,8 @@ def test_the_update_is_adamw_with_the_configured_lr_betas_decay_and_warmup(make_
     Setting(kl_coef=0.5, kl_estimator="k3"),
 ], ids=lambda s: " ".join(s.overrides()) or "default")
 def test_micro_batches_give_the_whole_batch_gradient(setting, make_trainer):
-    """optim.micro_batch_tokens=1: one group per micro-batch (two forward/backward passes, one optimizer step)."""
+    """optim.micro_batch_tokens=1: one completion row per micro-batch (each part of a group with its prompt computed
+    once for it: eight forward/backward passes, one optimizer step)."""
     saved = {}
 
     def before(trainer):

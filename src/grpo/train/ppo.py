@@ -91,14 +91,14 @@ class Critic:
     @torch.no_grad()
     def values(self, batch) -> torch.Tensor:
         """(N, T) values of the batch's completion states, no gradient, 0 at masked positions."""
-        parts = [self._values(batch, p, n) for p, n in batch.group_chunks(self.cfg.optim.micro_batch_tokens)]
+        parts = [self._values(batch, *chunk) for chunk in batch.group_chunks(self.cfg.optim.micro_batch_tokens)]
         return torch.cat(parts) * batch.mask
 
-    def _values(self, batch, rows_p: slice, rows_n: slice) -> torch.Tensor:
+    def _values(self, batch, rows_p: slice, rows_n: slice, group_size: int) -> torch.Tensor:
         return self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
                                             batch.completion_ids[rows_n],
                                             (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
-                                            batch.group_size)  # episodes: environment tokens attended
+                                            group_size)  # episodes: environment tokens attended
 
     def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) whitened GAE advantages for `batch` and metrics; remembers V_old and the returns for update()."""
@@ -164,9 +164,9 @@ class Critic:
         for _ in range(cfg.algo.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum, clipped, finite = 0.0, 0.0, True
-            for rows_p, rows_n in batch.group_chunks(cfg.optim.micro_batch_tokens):
+            for rows_p, rows_n, group_size in batch.group_chunks(cfg.optim.micro_batch_tokens):
                 m = keep[rows_n]
-                v = self._values(batch, rows_p, rows_n)
+                v = self._values(batch, rows_p, rows_n, group_size)
                 per_token = clipped_value_loss(v, old_values[rows_n], returns[rows_n], m, clip=cfg.algo.value_clip)
                 loss = cfg.algo.value_coef * aggregate(per_token, m, mode="token_mean", num_tokens=num_tokens)
                 if not torch.isfinite(loss):

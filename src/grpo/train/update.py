@@ -62,23 +62,36 @@ class PolicyBatch:
         return self.prompt_ids.shape[0]
 
     def group_chunks(self, token_budget: int, shared_prefix: bool = True):
-        """Consecutive whole-group slices (prompt rows, completion rows) of about `token_budget` tokens each. A group
-        costs L + G*T tokens when its prompt is computed once (shared prefix), G*(L+T) when it is repeated."""
+        """Micro-batches of about `token_budget` tokens each, as (prompt rows, completion rows, rows per prompt):
+        consecutive whole groups when one fits (a group costs L + G*T tokens when its prompt is computed once, the
+        shared prefix, G*(L+T) when it is repeated); else parts of one group, each with its prompt computed once
+        (L + g*T tokens for g of its rows), so a micro-batch's activations stay within the budget whatever G and T
+        are (at least one row). Every completion row is in exactly one micro-batch."""
         L, T, G = self.prompt_ids.shape[1], self.completion_ids.shape[1], self.group_size
         group_tokens = L + G * T if shared_prefix else G * (L + T)
-        per = max(1, token_budget // max(group_tokens, 1))
-        for g0 in range(0, self.num_groups, per):
-            g1 = min(g0 + per, self.num_groups)
-            yield slice(g0, g1), slice(g0 * self.group_size, g1 * self.group_size)
+        if group_tokens <= token_budget or G == 1:
+            per = max(1, token_budget // max(group_tokens, 1))
+            for g0 in range(0, self.num_groups, per):
+                g1 = min(g0 + per, self.num_groups)
+                yield slice(g0, g1), slice(g0 * G, g1 * G), G
+            return
+        rows = max(1, (token_budget - L) // T if shared_prefix else token_budget // (L + T))
+        for g in range(self.num_groups):
+            for r0 in range(0, G, rows):
+                r1 = min(r0 + rows, G)
+                yield slice(g, g + 1), slice(g * G + r0, g * G + r1), r1 - r0
 
 
 def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
-                        with_entropy: bool = False, chunk_size: int = DEFAULT_CHUNK_TOKENS):
-    """logp (n, T) of the sampled tokens for a slice of whole groups (and the entropy, without gradient, if asked)."""
+                        with_entropy: bool = False, chunk_size: int = DEFAULT_CHUNK_TOKENS,
+                        group_size: int | None = None):
+    """logp (n, T) of the sampled tokens for the completion rows rows_n of the prompts rows_p, group_size of them
+    per prompt (None: the batch's G, whole groups; fewer: a part of one group, `PolicyBatch.group_chunks`), and
+    the entropy, without gradient, if asked."""
     return completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
                                      batch.completion_ids[rows_n],
                                      (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
-                                     batch.group_size,
+                                     group_size or batch.group_size,
                                      temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
                                      forward_fn=_logits_fn(model))
 
@@ -99,8 +112,8 @@ def _logits_fn(model):
 def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float,
                    chunk_size: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
     """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref)."""
-    parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size)[0]
-             for p, n in batch.group_chunks(token_budget)]
+    parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size, group_size=g)[0]
+             for p, n, g in batch.group_chunks(token_budget)]
     return torch.cat(parts) * batch.mask
 
 
@@ -123,8 +136,9 @@ class MicroBatchLoss:
 
 
 def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cfg, *, num_tokens: torch.Tensor,
-                     num_seqs: int, kl_in_loss: bool, first_epoch: bool) -> MicroBatchLoss:
-    """The loss of the whole groups rows_p (prompts) / rows_n (completions, n of them) of `batch`.
+                     num_seqs: int, kl_in_loss: bool, first_epoch: bool, group_size: int | None = None
+                     ) -> MicroBatchLoss:
+    """The loss of the prompts rows_p / completions rows_n (n of them, group_size a prompt: `group_chunks`).
 
     logp (n, T) from hidden states in chunks -> algo.policy_loss (grpo.algo.registry) per token (n, T) -> the
     high-entropy mask (algo.top_entropy_quantile < 1) -> aggregate with the batch's GLOBAL counts num_tokens (0-d)
@@ -135,7 +149,7 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
     loss_fn = policy_loss_fn(algo.policy_loss)  # grpo.algo.registry: clip, cispo, or a user's registered loss
     mask = batch.mask[rows_n]
     logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True,
-                                        chunk_size=cfg.optim.logprob_chunk_tokens)
+                                        chunk_size=cfg.optim.logprob_chunk_tokens, group_size=group_size)
     old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
     token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                             level=algo.ratio_level, dual_clip=algo.dual_clip)
@@ -198,9 +212,9 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
         finite = True
         chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
                                          shared_prefix=_logits_fn(model) is completion_logits))
-        for i, (rows_p, rows_n) in enumerate(chunks):
+        for i, (rows_p, rows_n, group_size) in enumerate(chunks):
             mb = micro_batch_loss(model, batch, rows_p, rows_n, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                  kl_in_loss=kl_in_loss, first_epoch=epoch == 0)
+                                  kl_in_loss=kl_in_loss, first_epoch=epoch == 0, group_size=group_size)
             for key, value in mb.forward_metrics.items():
                 _add(first_epoch if key in FIRST_EPOCH else sums, key, value)
             if not torch.isfinite(mb.loss):
