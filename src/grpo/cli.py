@@ -268,6 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(grpo/bench/async_rollouts.py; default output bench/results/async_rollouts.json)")
     b.add_argument("--model", default=None, help="with --versus-trl or --async-rollouts: a model directory (default: "
                    "the built-in model)")
+    b.add_argument("--memory", action="store_true", help="peak memory of whole grpo train runs (the process tree) "
+                   "against the floor and the run's plan, for 135M, 0.5B and 1.5B shapes (grpo/bench/memory.py; "
+                   "default output bench/results/memory.json)")
+    b.add_argument("--memory-model", action="append", default=None, metavar="NAME=DIR", help="with --memory: the "
+                   "model directory of a shape (smollm2, qwen2.5-0.5b, qwen2.5-1.5b); repeat for each")
+    b.add_argument("--entries", default=None, help="with --memory: comma-separated runs to measure (default all)")
+    b.add_argument("--trl", action="store_true", help="with --memory: also TRL's peak on the same full fine-tuning "
+                   "runs")
     b.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="with --async-rollouts: config overrides for "
                    "every run, e.g. kl.coef=0.04")
     b.add_argument("--steps", type=int, default=None, help="with --versus-trl: timed steps per process (default 3); "

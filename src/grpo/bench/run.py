@@ -229,6 +229,10 @@ def main(args) -> int:
         from grpo.tracking.rundir import check_output_file
 
         check_output_file(args.output, "--output")
+    if getattr(args, "memory", False):  # peak memory of whole runs against the floor, the plan and TRL (memory.py)
+        from grpo.bench import memory
+
+        return memory.main(args)
     if getattr(args, "async_rollouts", False):  # rollout.mode=async against sync, whole runs (async_rollouts.py)
         from grpo.bench import async_rollouts
 

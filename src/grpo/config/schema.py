@@ -174,7 +174,9 @@ class OptimConfig(_Section):
     warmup_steps: int = Field(5, ge=0)
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     max_grad_norm: float = Field(1.0, gt=0.0)
-    micro_batch_tokens: int = Field(16384, ge=1, description="token budget of one forward/backward micro-batch")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="token budget of one forward/backward "
+                                           "micro-batch (whole groups, or parts of one); None = from the memory "
+                                           "plan printed at start (grpo.train.memory_plan)")
     logprob_chunk_tokens: int = Field(256, ge=1, description="completion positions whose logits exist at once when "
                                       "log-probs are computed from the hidden states (memory: about 3 x this x "
                                       "vocab x 4 bytes); see docs/scale.md")
@@ -215,6 +217,8 @@ class TrainConfig(_Section):
                                    "spread, the preflight samples more batches of train.preflight_groups other "
                                    "prompts, up to this many, before it calls the run unable to learn (a model right "
                                    "2% of the time is then stopped by chance < 0.1% of the time at G=8)")
+    memory_check: bool = Field(True, description="refuse a run whose planned peak memory (printed at start, "
+                               "grpo.train.memory_plan) exceeds what this machine has available; false: warn and run")
     zero_spread_steps: int = Field(20, ge=0, description="stop the run (checkpoint, exit 3) after this many "
                                    "consecutive steps in which every group had zero reward spread and every reward "
                                    "was the same: nothing is learned; 0 = never")

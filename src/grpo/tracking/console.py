@@ -87,6 +87,9 @@ class RunConsole:
 
         parts = breakdown(summary)
         table.add_row("wall time", format_duration(summary.get("wall_s", 0)) + (f" ({parts})" if parts else ""))
+        if summary.get("memory/planned_peak_mb"):
+            table.add_row("peak memory", f"{summary['memory/peak_rss_mb'] / 1024:.1f} GiB (planned "
+                                         f"{summary['memory/planned_peak_mb'] / 1024:.1f} GiB)")
         table.add_row("run directory", str(run_dir))
         if plot_path:
             table.add_row("plot", str(plot_path))

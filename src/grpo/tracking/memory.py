@@ -1,6 +1,8 @@
 """Process memory: the one place that reads the resident-set peak (training metrics, `grpo bench`, `grpo compare`).
 
 peak_rss_mb() is the high-water mark of this process's resident memory (VmHWM on Linux, else ru_maxrss), in MiB.
+peak_rss_tree_mb() adds the peaks of the live child processes (the async rollout worker, reward children): an upper
+bound of the process tree's peak, since the peaks need not coincide.
 reset_peak_rss() restarts that mark (Linux: /proc/self/clear_refs), after returning freed heap to the system, so a
 benchmark can measure one section of a process rather than everything before it.
 """
@@ -11,7 +13,7 @@ import ctypes
 import gc
 import resource
 
-__all__ = ["peak_rss_mb", "reset_peak_rss"]
+__all__ = ["peak_rss_mb", "peak_rss_tree_mb", "reset_peak_rss"]
 
 
 def peak_rss_mb() -> float:
@@ -24,6 +26,24 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB (macOS bytes: not here)
+
+
+def peak_rss_tree_mb() -> float:
+    """This process's peak plus each live descendant's own peak (VmHWM), in MiB."""
+    total = peak_rss_mb()
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: this process alone
+        return total
+    for child in children:
+        try:
+            with open(f"/proc/{child.pid}/status") as f:
+                total += next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), 0.0)
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+    return total
 
 
 def reset_peak_rss() -> None:

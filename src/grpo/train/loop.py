@@ -346,7 +346,8 @@ def _finish(run: _Run) -> dict:
                "eval/splits": SUMMARY_SPLITS, "steps": trainer.step_count, "wall_s": state["wall_s"],
                "skipped_steps": run.skipped_total, "preset": cfg.preset, "model": cfg.model.name,
                "task": cfg.data.task if cfg.data.path is None else cfg.data.path,
-               "model_source": getattr(trainer, "model_source", None), **run.clock.summary(state["wall_s"])}
+               "model_source": getattr(trainer, "model_source", None), **run.clock.summary(state["wall_s"]),
+               **_memory_summary(trainer)}
     if run.best is not None:  # chosen on validation (checkpoints/best/ unless it is step 0, the starting model)
         summary |= {"eval/best_step": run.best["step"], "eval/val_accuracy_best": run.best["val_accuracy"],
                     "eval/accuracy_best": run.best["accuracy"]}
@@ -364,6 +365,19 @@ def _finish(run: _Run) -> dict:
     con.summary(summary, run_dir, plot)
     barrier()  # several processes: the others leave once rank 0 has written everything
     return summary
+
+
+def _memory_summary(trainer) -> dict:
+    """summary.json's memory figures: the measured peak (this process and its live children, MiB) beside the
+    plan printed at start (train/memory_plan.py)."""
+    from grpo.tracking.memory import peak_rss_tree_mb
+
+    plan = getattr(trainer, "memory_plan", None)
+    out = {"memory/peak_rss_mb": round(peak_rss_tree_mb(), 1)}
+    if plan is not None:
+        out |= {"memory/planned_peak_mb": round(plan.peak / 2**20, 1),
+                "memory/micro_batch_tokens": plan.micro_batch_tokens}
+    return out
 
 
 def _quiet():

@@ -31,6 +31,7 @@ from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
+from grpo.train.memory_plan import longest_prompt, plan_memory
 from grpo.train.defaults import print_note, report_defaults, small_model_lr
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
@@ -94,6 +95,10 @@ class Trainer:
         prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
         t_model = time.perf_counter()
         path, self.model_source = policy_directory(cfg, self.task, console)  # the built-in model: shipped or warm-up
+        # the planned peak (printed), optim.micro_batch_tokens from it when unset; refused when it cannot fit
+        cfg, self.memory_plan = plan_memory(cfg, path, device, dtype, longest_prompt(tokenizer(), self.train_prompts),
+                                            console)
+        self.cfg = cfg
         self.policy, self.tokenizer = load_policy(cfg, path)
         self.model_s = time.perf_counter() - t_model  # summary.json: time/model_s
         if console is not None and self.dist.rank == 0:

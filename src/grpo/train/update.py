@@ -231,6 +231,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
             skipped += 1
             continue
         _add(sums, "policy/grad_norm", grad_norm)
+    optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free while the next batch is sampled
     return _update_metrics(sums, first_epoch, skipped, cfg.algo.epochs, scheduler, dist)
 
 

