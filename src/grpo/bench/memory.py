@@ -3,8 +3,8 @@ against the run's own plan; and TRL's peak on the same model and batch.
 
     grpo bench --memory --memory-model NAME=DIR [...] [--entries E1,E2] [--trl] [--output PATH]
 
-Each entry (ENTRIES) is a `grpo train` child process: 2 steps, rollout.max_new_tokens=32, 64 test problems evaluated
-before and after (one batch of eval.batch_size=64 rows), no preflight and no validation split (random weights learn
+Each entry (ENTRIES) is a `grpo train` child process: 2 steps, rollout.max_new_tokens=32, 16 test problems evaluated
+before and after (one batch of 16 rows), no preflight and no validation split (random weights learn
 nothing: the preflight would stop the run), the checkpoint and final/ written as in any run. Its memory is the sum of
 the resident sets of the child and all its descendants, polled every POLL_S seconds (the peak of the whole tree),
 and the child's own high-water mark (summary.json memory/peak_rss_mb, VmHWM) checks the polling missed no spike.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 DEFAULT_OUTPUT = Path("bench/results/memory.json")
 POLL_S = 0.1
-COMMON = ["train.steps=2", "rollout.max_new_tokens=32", "eval.max_new_tokens=32", "eval.n=64", "eval.val_n=0",
+COMMON = ["train.steps=2", "rollout.max_new_tokens=32", "eval.max_new_tokens=32", "eval.n=16", "eval.val_n=0",
           "train.preflight=off", "log.plots=false", "data.test_fraction=0.2"]
 # name -> (model key, overrides): the issue's five runs (#39)
 ENTRIES = {
@@ -90,6 +90,14 @@ def _env() -> dict:
                 TOKENIZERS_PARALLELISM="false")
 
 
+def params_of(model_dir: str) -> int:
+    from transformers import AutoConfig
+
+    from grpo.models.footprint import parameter_counts
+
+    return parameter_counts(AutoConfig.from_pretrained(model_dir)).total
+
+
 def floor_mb(model_dir: str, overrides: list[str]) -> float:
     """16 bytes a trainable parameter plus the frozen ones in model.dtype (float32 on the CPU), MiB."""
     from transformers import AutoConfig
@@ -121,6 +129,7 @@ def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=p
            "floor_mb": floor_mb(model_dir, overrides), "step_s": steps,
            "load_avg_before": load[0], "load_avg_after": os.getloadavg()[0]}
     out["peak_mb"] = max(out["peak_tree_mb"], out["vmhwm_mb"] or 0)
+    out["params"] = params_of(model_dir)
     out["peak_over_floor"] = round(out["peak_mb"] / out["floor_mb"], 3)
     if out["planned_mb"]:
         out["planned_over_peak"] = round(out["planned_mb"] / out["peak_mb"], 3)
@@ -146,6 +155,47 @@ def run_trl(name: str, model_dir: str, prompts: int, group: int, tokens: int, wo
     return {"model": model_dir, "spec": spec, **res, "peak_mb": res["peak_tree_mb"]}
 
 
+# Published configs of larger models (Qwen2.5-3B/7B-Instruct config.json), planned but not run here: labelled computed
+COMPUTED = {
+    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+COMPUTED_RUNS = {"full-defaults": [], "lora16-P4": ["model.lora_rank=16", "rollout.prompts_per_step=4"]}
+
+
+def computed_plans(measured: dict, work: Path) -> dict:
+    """The memory plan (train/memory_plan.py, no weights needed) of COMPUTED's models for each COMPUTED_RUNS,
+    with seconds per step scaled from the measured run of the same method by parameter count (a step's work is
+    about linear in it at a fixed batch): computed, not measured."""
+    import torch
+    from transformers import Qwen2Config
+
+    from grpo.config import load_config
+    from grpo.models.footprint import parameter_counts
+    from grpo.train.memory_plan import plan_memory
+
+    out = {}
+    for model, fields in COMPUTED.items():
+        directory = work / model
+        Qwen2Config(max_position_embeddings=32768, **fields).save_pretrained(directory)
+        total = parameter_counts(Qwen2Config(**fields)).total
+        for run, overrides in COMPUTED_RUNS.items():
+            cfg = load_config(None, [f"model.name={directory}", *COMMON, *overrides])
+            cfg.eval.batch_size = 64  # a model directory's default (train/defaults.py)
+            cfg.train.memory_check = False  # a plan for a larger machine than this one
+            _, plan = plan_memory(cfg, directory, torch.device("cpu"), torch.float32, 40)
+            like = next((m for m in measured.values() if ("lora" in run) == any("lora" in o for o in m["overrides"])
+                         and m.get("step_s") and m.get("params")), None)
+            step_s = (sum(like["step_s"]) / len(like["step_s"]) * total / like["params"]) if like else None
+            out[f"{model}-{run}"] = {"planned_mb": round(plan.peak / 2**20, 1), "params": total,
+                                     "micro_batch_tokens": plan.micro_batch_tokens, "overrides": overrides,
+                                     "step_s_scaled": round(step_s, 1) if step_s else None,
+                                     "scaled_from": like and like["model"], "computed": True}
+    return out
+
+
 def parse_models(values: list[str]) -> dict[str, str]:
     from grpo.errors import ConfigError
 
@@ -164,7 +214,8 @@ def main(args) -> int:
     from grpo.tracking.rundir import write_text_atomic
 
     models = parse_models(getattr(args, "memory_model", None) or [])
-    names = [n for n in (args.entries.split(",") if getattr(args, "entries", None) else ENTRIES)]
+    entries = getattr(args, "entries", None)  # "" : no runs, only the computed plans of the larger models
+    names = [n for n in entries.split(",") if n] if entries is not None else list(ENTRIES)
     unknown = [n for n in names if n not in ENTRIES]
     if unknown:
         raise ConfigError(f"--entries: unknown {unknown}; known: {', '.join(ENTRIES)}")
@@ -189,6 +240,9 @@ def main(args) -> int:
                                               int(cfg.get("rollout.group_size", 8)),
                                               int(cfg.get("rollout.max_new_tokens", 32)), Path(d), log=print)
                 write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+        for entry in result["entries"].values():
+            entry.setdefault("params", params_of(entry["model"]))
+        result["computed"] = computed_plans(result["entries"], Path(d))
     import torch
 
     result["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}

@@ -147,8 +147,8 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     tokens = cfg.optim.micro_batch_tokens
     if tokens is None:
         budget = max(ACTIVATION_SHARE * plan.floor, MIN_ACTIVATION_BYTES)
-        if available is not None:  # and at most half of what the rest of the plan leaves
-            budget = min(budget, max(available - plan.peak - head, 0) / 2)
+        if available is not None and available > plan.peak + head:  # at most half of what the rest leaves
+            budget = min(budget, (available - plan.peak - head) / 2)
         tokens = int(min(max(budget // max(per_token, 1), 1), MAX_MICRO_BATCH_TOKENS))
         plan.notes.append(f"optim.micro_batch_tokens={tokens} (from the memory plan; set it to change)")
     # a micro-batch holds whole groups or a part of one (train/update.py group_chunks): at most `tokens`, at
@@ -171,8 +171,8 @@ def _report(plan: MemoryPlan, cfg, console) -> None:
     if plan.available is None or plan.peak <= plan.available:
         return
     fixes = _fixes(plan, cfg)
-    msg = (f"the run's planned peak is {plan.peak / GIB:.1f} GiB, more than the {plan.available / GIB:.1f} GiB of "
-           f"{plan.where} available ({plan.summary().split(': ', 1)[1]}). It would fit with: {'; '.join(fixes)}")
+    msg = (f"the run's {plan.summary()}: more than the {plan.where} available. It would fit with: "
+           f"{'; '.join(fixes)}")
     if cfg.train.memory_check:
         raise ConfigError(msg + ". train.memory_check=false runs it anyway")
     print_note("warning: " + msg, console)
