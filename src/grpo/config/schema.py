@@ -21,6 +21,10 @@ class ModelConfig(_Section):
     name: str = Field("builtin:tiny", description="'builtin:tiny' (built offline) or a local HF model directory")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = Field("auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    frozen_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="dtype of weights that never train: LoRA's base and the reference copy (kl.coef > 0); "
+        "auto = bfloat16 on CUDA and on a CPU with native bf16 (AVX512-BF16 or AMX in /proc/cpuinfo), else "
+        "model.dtype")
     gradient_checkpointing: bool = False
     lora_rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = full fine-tuning")
     lora_alpha: float | None = Field(None, gt=0.0, description="LoRA alpha; None = 2 * lora_rank")

@@ -12,6 +12,7 @@ import torch
 
 from grpo.errors import ModelDirError
 from grpo.models.lora import apply_lora
+from grpo.models.precision import frozen_dtype
 
 log = logging.getLogger("grpo.models")
 
@@ -130,11 +131,13 @@ def model_tokenizer(cfg):
 
 def load_policy(cfg, path: Path):
     """(model, tokenizer) from the model directory `path` (see model_directory), on the configured device and
-    dtype, with LoRA adapters when model.lora_rank > 0."""
+    dtype, with LoRA adapters when model.lora_rank > 0 (the frozen base in `frozen_dtype`)."""
     from transformers import AutoModelForCausalLM
 
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
+    if cfg.model.lora_rank > 0:  # the base never trains: it may be held leaner (peft keeps the adapters in float32)
+        dtype = frozen_dtype(cfg, device, dtype)
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if cfg.model.gradient_checkpointing:

@@ -102,7 +102,10 @@ def reference_policy(policy, cfg):
         return None  # beta = 0 loads no reference at all
     if is_peft(policy):
         return AdapterDisabledReference(unwrap(policy))
-    return FrozenReference(frozen_copy(unwrap(policy)))
+    from grpo.models.precision import frozen_dtype
+
+    param = next(unwrap(policy).parameters())
+    return FrozenReference(frozen_copy(unwrap(policy)).to(frozen_dtype(cfg, param.device, param.dtype)))
 
 
 # ------------------------------------------------------------------------------------------------ saving

@@ -5,8 +5,9 @@
 The plan (bytes; `MemoryPlan.parts`):
 
     runtime      this process before the model loads (Python, torch, transformers, the data): measured
-    weights      the policy's parameters in model.dtype (LoRA: the frozen base plus the fp32 adapters)
-    reference    pi_ref (kl.coef > 0): a frozen copy for full fine-tuning; 0 with LoRA (the adapter-disabled base)
+    weights      the policy's parameters in model.dtype (LoRA: the base in model.frozen_dtype plus the fp32 adapters)
+    reference    pi_ref (kl.coef > 0): a frozen copy in model.frozen_dtype for full fine-tuning; 0 with LoRA (the
+                 adapter-disabled base)
     gradients    float32 gradients of the trainable parameters (during the update only; freed after each step)
     optimizer    AdamW's two float32 moments per trainable parameter
     activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
@@ -121,17 +122,21 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     from transformers import AutoConfig
 
     from grpo.models.footprint import parameter_counts, saved_bytes_per_token
+    from grpo.models.precision import frozen_dtype
 
     config = AutoConfig.from_pretrained(model_dir)
     text = getattr(config, "text_config", None) or config
     shape = text.to_dict()
     lora = cfg.model if cfg.model.lora_rank > 0 else None
     counts = parameter_counts(config, lora)
-    dtype_bytes = torch.finfo(dtype).bits // 8
+    frozen = frozen_dtype(cfg, device, dtype)  # LoRA's base and the reference copy (models/precision.py)
+    if lora:
+        dtype = frozen  # the base's dtype is what its activations are computed in
+    dtype_bytes, frozen_bytes = torch.finfo(dtype).bits // 8, torch.finfo(frozen).bits // 8
     trainable = counts.trainable
     base = counts.total - (trainable if lora else 0)
     weights = base * dtype_bytes + (trainable * 4 if lora else 0)
-    reference = base * dtype_bytes if cfg.kl.coef > 0 and not lora else 0
+    reference = base * frozen_bytes if cfg.kl.coef > 0 and not lora else 0
     per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
     head = cfg.optim.logprob_chunk_tokens * int(shape.get("vocab_size") or 0) * 4 * 3
     P, G, T = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens
