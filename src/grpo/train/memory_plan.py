@@ -8,8 +8,9 @@ The plan (bytes; `MemoryPlan.parts`):
     weights      the policy's parameters in model.dtype (LoRA: the base in model.frozen_dtype plus the fp32 adapters)
     reference    pi_ref (kl.coef > 0): a frozen copy in model.frozen_dtype for full fine-tuning; 0 with LoRA (the
                  adapter-disabled base)
-    gradients    float32 gradients of the trainable parameters (during the update only; freed after each step)
-    optimizer    AdamW's two float32 moments per trainable parameter
+    gradients    the trainable parameters' gradients, in their dtype (LoRA's adapters: float32); during the update
+                 only (freed after each step)
+    optimizer    AdamW's two moments per trainable parameter, in its dtype
     activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
                  one- and two-layer copy of the architecture, grpo.models.footprint), plus the log-prob chunk's
                  float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad)
@@ -145,8 +146,10 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
         _generation_bytes(P * G, prompt_tokens + T, shape, dtype_bytes),
         _generation_bytes(min(cfg.eval.batch_size, max(cfg.eval.n, 1)), prompt_tokens + eval_T, shape, dtype_bytes))
     worker = weights + reference + generation + ASYNC_WORKER_RUNTIME if cfg.rollout.mode == "async" else 0
+    train_bytes = 4 if lora else dtype_bytes  # gradients and AdamW's moments take the trained weights' dtype
     parts = {"runtime": process_rss() if device.type == "cpu" else 0, "weights": weights, "reference": reference,
-             "gradients": trainable * 4, "optimizer": trainable * 8, "generation": generation, "worker": worker}
+             "gradients": trainable * train_bytes, "optimizer": 2 * trainable * train_bytes, "generation": generation,
+             "worker": worker}
     available, where = _memory(device)
     plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where)
     tokens = cfg.optim.micro_batch_tokens
