@@ -162,12 +162,14 @@ COMPUTED = {
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
-COMPUTED_RUNS = {"full-defaults": [], "lora16-P4": ["model.lora_rank=16", "rollout.prompts_per_step=4"]}
+# run -> (overrides, the measured entry its seconds per step are scaled from)
+COMPUTED_RUNS = {"full-defaults": ([], "qwen2.5-0.5b-full-defaults"),
+                 "lora16-P4": (["model.lora_rank=16", "rollout.prompts_per_step=4"], "qwen2.5-1.5b-lora16-P4")}
 
 
 def computed_plans(measured: dict, work: Path) -> dict:
-    """The memory plan (train/memory_plan.py, no weights needed) of COMPUTED's models for each COMPUTED_RUNS,
-    with seconds per step scaled from the measured run of the same method by parameter count (a step's work is
+    """The memory plan (train/memory_plan.py, no weights needed) of COMPUTED's models for each COMPUTED_RUNS whose
+    measured entry `measured` holds, with seconds per step scaled from it by parameter count (a step's work is
     about linear in it at a fixed batch): computed, not measured."""
     import torch
     from transformers import Qwen2Config
@@ -181,19 +183,49 @@ def computed_plans(measured: dict, work: Path) -> dict:
         directory = work / model
         Qwen2Config(max_position_embeddings=32768, **fields).save_pretrained(directory)
         total = parameter_counts(Qwen2Config(**fields)).total
-        for run, overrides in COMPUTED_RUNS.items():
+        for run, (overrides, base) in COMPUTED_RUNS.items():
+            like = measured.get(base)
+            if like is None:
+                continue
             cfg = load_config(None, [f"model.name={directory}", *COMMON, *overrides])
             cfg.eval.batch_size = 64  # a model directory's default (train/defaults.py)
             cfg.train.memory_check = False  # a plan for a larger machine than this one
             _, plan = plan_memory(cfg, directory, torch.device("cpu"), torch.float32, 40)
-            like = next((m for m in measured.values() if ("lora" in run) == any("lora" in o for o in m["overrides"])
-                         and m.get("step_s") and m.get("params")), None)
-            step_s = (sum(like["step_s"]) / len(like["step_s"]) * total / like["params"]) if like else None
+            step_s = sum(like["step_s"]) / len(like["step_s"]) * total / like["params"]
             out[f"{model}-{run}"] = {"planned_mb": round(plan.peak / 2**20, 1), "params": total,
                                      "micro_batch_tokens": plan.micro_batch_tokens, "overrides": overrides,
-                                     "step_s_scaled": round(step_s, 1) if step_s else None,
-                                     "scaled_from": like and like["model"], "computed": True}
+                                     "step_s_scaled": round(step_s, 1), "scaled_from": base, "computed": True}
     return out
+
+
+LABELS = {"smollm2": "SmolLM2-135M-Instruct (real)", "qwen2.5-0.5b": "Qwen2.5-0.5B shape",
+          "qwen2.5-1.5b": "Qwen2.5-1.5B shape", "qwen2.5-3b": "Qwen2.5-3B shape", "qwen2.5-7b": "Qwen2.5-7B shape"}
+
+
+def _batch(overrides: list[str]) -> str:
+    cfg = dict(o.split("=", 1) for o in overrides)
+    return (f"P={cfg.get('rollout.prompts_per_step', 16)} G={cfg.get('rollout.group_size', 8)} "
+            f"T={cfg.get('rollout.max_new_tokens', 32)}")
+
+
+def table_rows(result: dict, source: str) -> str:
+    """The README's memory table rows of one results file (GB = 1e9 bytes, as the issue's targets): the measured
+    entries, then the computed plans, each naming `source`."""
+    rows = []
+    for name, e in result.get("entries", {}).items():
+        key = ENTRIES[name][0]
+        method = "LoRA r=16" if "model.lora_rank=16" in e["overrides"] else "full"
+        step = sum(e["step_s"]) / len(e["step_s"])
+        rows.append(f"| {LABELS[key]} | {method} | {_batch(e['overrides'])} | {e['peak_mb'] * 2**20 / 1e9:.2f} | "
+                    f"{e['floor_mb'] * 2**20 / 1e9:.2f} ({e['peak_over_floor']:.2f}x) | "
+                    f"{e['planned_mb'] * 2**20 / 1e9:.2f} | {step:.0f} | `{source}` |")
+    for name, c in result.get("computed", {}).items():
+        key = name.rsplit("-", 2)[0]
+        method = "LoRA r=16" if "model.lora_rank=16" in c["overrides"] else "full"
+        step = f"~{c['step_s_scaled']:.0f} (computed)" if c.get("step_s_scaled") else "-"
+        rows.append(f"| {LABELS[key]} | {method} | {_batch(c['overrides'])} | computed | - | "
+                    f"{c['planned_mb'] * 2**20 / 1e9:.1f} (computed) | {step} | `{source}` |")
+    return "\n".join(rows)
 
 
 def parse_models(values: list[str]) -> dict[str, str]:
@@ -247,5 +279,6 @@ def main(args) -> int:
 
     result["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
     write_text_atomic(out, json.dumps(result, indent=1) + "\n")
+    print(table_rows(result, str(out)))
     print(f"wrote {out}")
     return 0
