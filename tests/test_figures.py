@@ -46,6 +46,8 @@ SOURCES = {
     "bench/results/learning_vs_trl_smollm2.json": ("src/grpo/bench/learning_vs_trl.py", "bench/results/learning_vs_trl"),
     "bench/results/async_rollouts*.json": ("src/grpo/bench/async_rollouts.py", "bench/results/async_rollouts"),
     "bench/results/profile_step_smollm2.json": ("src/grpo/bench/profile_step.py", "bench/results/profile_step"),
+    "bench/results/bf16_matmul.json": ("scripts/bf16_matmul.py", "bench/results/bf16_matmul.json"),
+    "bench/results/memory*.json": ("src/grpo/bench/memory.py", "bench/results/memory.json"),
     "bench/results/out_of_scope_parsers.json": ("scripts/out_of_scope_parsers.py",
                                                 "bench/results/out_of_scope_parsers.json"),
 }
@@ -82,6 +84,8 @@ ASYNC_SMOL = "bench/results/async_rollouts_smollm2.json"
 ASYNC_KL = "bench/results/async_rollouts_kl.json"
 PERF_DOC = "docs/performance.md"
 PROFILE = "bench/results/profile_step_smollm2.json"
+MEMORY_DOC = "docs/memory.md"
+BF16 = "bench/results/bf16_matmul.json"
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -590,6 +594,9 @@ FIGURES = [
                               "{aggregate.sync_1thread.steady_steps_per_min.mean:.1f}"),
     F(SCALE_DOC, VOCAB_TRAIN, "{chunked.updates[1].update_peak_mb:.0f} and {chunked.updates[2].update_peak_mb:.0f} MB "
                               "above the resident set for its second and third updates"),
+    # docs/memory.md: bf16 products on this CPU (scripts/bf16_matmul.py)
+    F(MEMORY_DOC, BF16, "bfloat16 products ran at {shapes[0].bf16_over_fp32:.3f}x, {shapes[1].bf16_over_fp32:.3f}x and "
+                        "{shapes[2].bf16_over_fp32:.3f}x float32's speed"),
 ]
 
 
