@@ -86,3 +86,27 @@ def test_a_bf16_reference_gives_the_float32_references_log_probs(model_dirs, cha
     finally:
         for trainer in runs.values():
             trainer.close()
+
+
+def test_a_bf16_file_loads_as_float32_with_the_same_values_and_tied_head(tmp_path):
+    """load_policy converts a model loaded in its file's dtype (bfloat16 here) one parameter at a time: every value
+    is the file's exactly (bf16 -> fp32 is exact), the head's tie is the config's, config.dtype is float32."""
+    from helpers.tiny_hf import save_tiny_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.loading import load_policy
+
+    path = save_tiny_model(tmp_path / "fp32", "qwen2")
+    bf16 = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    bf16.save_pretrained(tmp_path / "bf16")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "bf16" / f).write_bytes((path / f).read_bytes())
+    saved = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert all(t.dtype == torch.bfloat16 for t in saved.values())
+    model, _ = load_policy(load_config(None, [f"model.name={tmp_path / 'bf16'}"]), tmp_path / "bf16")
+    state = model.state_dict()
+    assert all(state[k].dtype == torch.float32 and torch.equal(state[k], v.float()) for k, v in saved.items())
+    assert model.config.dtype == torch.float32
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == bool(model.config.tie_word_embeddings)  # as the file says (the conversion keeps a tie)

@@ -12,7 +12,7 @@ import torch
 
 from grpo.errors import ModelDirError
 from grpo.models.lora import apply_lora
-from grpo.models.precision import frozen_dtype
+from grpo.models.precision import frozen_dtype, to_dtype_lean
 
 log = logging.getLogger("grpo.models")
 
@@ -139,7 +139,7 @@ def load_policy(cfg, path: Path):
     if cfg.model.lora_rank > 0:  # the base never trains: it may be held leaner (peft keeps the adapters in float32)
         dtype = frozen_dtype(cfg, device, dtype)
     tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model = to_dtype_lean(AutoModelForCausalLM.from_pretrained(path, dtype="auto"), dtype).to(device)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = True
