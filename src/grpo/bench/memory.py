@@ -241,9 +241,17 @@ def parse_models(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run_polled, which kills its child, and the temp directory
+
+
 def main(args) -> int:
+    import signal
+
     from grpo.errors import ConfigError
     from grpo.tracking.rundir import write_text_atomic
+
+    signal.signal(signal.SIGTERM, _stop)  # a SIGTERM to the bench ends its `grpo train` child and removes its files
 
     models = parse_models(getattr(args, "memory_model", None) or [])
     entries = getattr(args, "entries", None)  # "" : no runs, only the computed plans of the larger models
