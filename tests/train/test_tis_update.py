@@ -16,12 +16,16 @@ def _gradients(trainer, batch, tis_cap, sampler_logp):
     model = copy.deepcopy(trainer.policy)
     cfg = trainer.cfg.model_copy(deep=True)
     cfg.algo.tis_cap = tis_cap
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the gradient is left in .grad, the weights alone
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    grads = []  # read as the optimizer is about to apply them (the update frees them afterwards)
+    opt.register_step_pre_hook(lambda *_: grads.extend(p.grad.clone() for p in model.parameters()
+                                                       if p.grad is not None))
     batch = copy.copy(batch)
     batch.sampler_logp = sampler_logp
     metrics = policy_update(model, opt, sched, batch, cfg)
-    return [p.grad.clone() for p in model.parameters() if p.grad is not None], metrics
+    assert grads and all(p.grad is None for p in model.parameters())  # freed while the next batch is sampled
+    return grads, metrics
 
 
 def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):

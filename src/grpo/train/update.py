@@ -61,13 +61,17 @@ class PolicyBatch:
     def num_groups(self) -> int:
         return self.prompt_ids.shape[0]
 
-    def group_chunks(self, token_budget: int, shared_prefix: bool = True):
+    def group_chunks(self, token_budget: int | None, shared_prefix: bool = True):
         """Micro-batches of about `token_budget` tokens each, as (prompt rows, completion rows, rows per prompt):
         consecutive whole groups when one fits (a group costs L + G*T tokens when its prompt is computed once, the
         shared prefix, G*(L+T) when it is repeated); else parts of one group, each with its prompt computed once
         (L + g*T tokens for g of its rows), so a micro-batch's activations stay within the budget whatever G and T
-        are (at least one row). Every completion row is in exactly one micro-batch."""
+        are (at least one row). Every completion row is in exactly one micro-batch. token_budget None: the whole
+        batch at once (a Trainer resolves optim.micro_batch_tokens from its memory plan; this is for direct calls)."""
         L, T, G = self.prompt_ids.shape[1], self.completion_ids.shape[1], self.group_size
+        if token_budget is None:
+            yield slice(0, self.num_groups), slice(0, self.num_groups * G), G
+            return
         group_tokens = L + G * T if shared_prefix else G * (L + T)
         if group_tokens <= token_budget or G == 1:
             per = max(1, token_budget // max(group_tokens, 1))
