@@ -13,7 +13,9 @@ The plan (bytes; `MemoryPlan.parts`):
     optimizer    AdamW's two moments per trainable parameter, in its dtype
     activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
                  one- and two-layer copy of the architecture, grpo.models.footprint), plus the log-prob chunk's
-                 float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad)
+                 float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad),
+                 and with full fine-tuning the head's and the embedding's dense float32 weight gradients of one
+                 backward (2 x vocabulary x hidden x 4 bytes) before they are added to .grad
     generation   the sampler's KV cache for P*G rows of prompt + max_new_tokens positions and a decode step's float32
                  logits (N x vocabulary x 4 bytes, three of them), or evaluation's (eval.batch_size rows), the larger
     worker       rollout.mode=async: the worker process's copy of the weights, its reference and its runtime
@@ -139,7 +141,10 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     weights = base * dtype_bytes + (trainable * 4 if lora else 0)
     reference = base * frozen_bytes if cfg.kl.coef > 0 and not lora else 0
     per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
-    head = cfg.optim.logprob_chunk_tokens * int(shape.get("vocab_size") or 0) * 4 * 3
+    vocab, hidden = int(shape.get("vocab_size") or 0), int(shape.get("hidden_size") or 0)
+    head = cfg.optim.logprob_chunk_tokens * vocab * 4 * 3
+    if not lora:  # a trained head/embedding: each backward makes their dense (V, H) weight gradients before adding
+        head += 2 * vocab * hidden * 4  # them to .grad (the chunked head's accumulator, the embedding's scatter)
     P, G, T = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens
     eval_T = cfg.eval.max_new_tokens or T
     generation = 0 if cfg.rollout.engine != "native" else max(
