@@ -64,8 +64,9 @@ def test_update_gradient_equals_a_naive_policy_token_loss_and_env_tokens_are_att
     cfg = load_config("grpo", ["optim.max_grad_norm=1e9"])
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    got = {}  # the gradient as the optimizer is about to apply it (the update frees it afterwards)
+    opt.register_step_pre_hook(lambda *_: got.update({k: p.grad.clone() for k, p in model.named_parameters()}))
     policy_update(model, opt, sched, batch, cfg)
-    got = {k: p.grad.clone() for k, p in model.named_parameters()}
 
     ref_model = _model(tok)  # the same weights
     loss = 0.0
