@@ -84,6 +84,7 @@ def run_in(
         ("RLIMIT_NOFILE", MAX_OPEN_FILES),
         ("RLIMIT_FSIZE", MAX_FILE_BYTES),
         ("RLIMIT_CORE", 0),
+        ("RLIMIT_MSGQUEUE", 0),  # no POSIX message queue bytes (bwrap's seccomp denies mq_open too)
     ]
     workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
     t0 = time.monotonic()
