@@ -1,0 +1,96 @@
+"""The third attack round on rewards (issue #40): each row of its table as a test that failed before the fix.
+
+Rows 1-2: a library call in a test (`import math as m`, `from math import isclose as close`, cmath, numpy, re; the
+import in the same string or its own) is the judge's own call on the plain values the program returned, so no patch,
+shadow, replaced module or returned object changes it; a returned re.Match is reduced to what a test can use of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo.sandbox.checks import parse_tests
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+def score(code: str, tests, **kw) -> float:
+    from grpo.rewards.code_exec import code_tests
+
+    return code_tests([None], [fenced(code)], [tests], timeout=10.0, **kw)[0]
+
+
+# ------------------------------------------------------------------------------- library calls (rows 1 and 2)
+AREA = "import math\ndef area(r):\n    return math.pi * r * r"
+PATCH_MATH = "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0"
+NUMPY_TESTS = ["import numpy as np", "assert np.allclose(f(1), [1.0, 2.0])"]
+NUMPY_HONEST = "import numpy as np\ndef f(x):\n    return np.array([1.0, 2.0]) * x"
+SQRT_TESTS = ["import cmath", "assert cmath.isclose(root(-4), 2j)"]
+RE_TESTS = ["import re", "assert re.fullmatch(r'[a-z]+', word(1))"]
+
+# (tests, an honest program, a wrong program that scored 1.0 before)
+ATTACKS = {
+    "alias": (["import math as m", "assert m.isclose(area(2), 12.566370614359172, rel_tol=1e-6)"], AREA, PATCH_MATH),
+    "from_as": (["from math import isclose as close", "assert close(area(2), 12.566370614359172)"], AREA, PATCH_MATH),
+    "same_string_alias": (["import math as m\nassert m.isclose(area(2), 12.566370614359172)"], AREA, PATCH_MATH),
+    "cmath": (SQRT_TESTS, "import cmath\ndef root(x):\n    return cmath.sqrt(x)",
+              "import cmath\ncmath.isclose = lambda *a, **k: True\ndef root(x):\n    return 0"),
+    "numpy_patched": (NUMPY_TESTS, NUMPY_HONEST,
+                      "import numpy as np\nnp.allclose = lambda *a, **k: True\ndef f(x):\n    return [0]"),
+    "sys_modules": (NUMPY_TESTS, NUMPY_HONEST,
+                    "import sys, types\nfake = types.ModuleType('numpy')\nfake.allclose = lambda *a, **k: True\n"
+                    "sys.modules['numpy'] = fake\ndef f(x):\n    return [0]"),
+    "import_hook": (NUMPY_TESTS, NUMPY_HONEST,
+                    "import builtins\nreal = builtins.__import__\nclass M:\n    allclose = staticmethod(lambda *a, **k:"
+                    " True)\nbuiltins.__import__ = lambda n, *a, **k: M if n == 'numpy' else real(n, *a, **k)\n"
+                    "def f(x):\n    return [0]"),
+    "np_all_shadowed": (["import numpy as np", "assert np.all(np.isclose(f(1), [1.0, 2.0]))"], NUMPY_HONEST,
+                        "import numpy as np\nnp.all = lambda *a, **k: True\ndef f(x):\n    return [0.0, 0.0]"),
+    "re_patched": (RE_TESTS, "def word(n):\n    return 'abc' * n",
+                   "import re\nre.fullmatch = lambda *a, **k: True\ndef word(n):\n    return '123'"),
+    "array_function": (NUMPY_TESTS, NUMPY_HONEST,
+                       "class A:\n    def __array_function__(self, func, types, args, kwargs):\n        return True\n"
+                       "    def __eq__(self, other):\n        return True\ndef f(x):\n    return A()"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_a_library_call_in_a_test_is_the_judges_own(name):
+    tests, honest, wrong = ATTACKS[name]
+    plan = parse_tests(tests)
+    assert not plan.unverifiable and len(plan.calls) == 1  # judged outside: no test text runs in the sandbox
+    assert score(honest, tests) == 1.0
+    assert score(wrong, tests) == 0.0  # before: 1.0 (the call ran in the program's interpreter)
+
+
+def test_an_honest_program_returning_a_re_match_scores_one_with_a_separate_import():
+    tests = ["import re", "assert is_word('abc')", "assert is_word('ab1') is None", "assert is_word('xy') is not None",
+             "assert re.fullmatch(r'([a-z]+)(\\d)', tag(1)).group(2) == '1'"]
+    honest = ("import re\ndef is_word(s):\n    return re.fullmatch(r'[a-z]+', s)\n"
+              "def tag(n):\n    return 'ab' + str(n)")
+    assert not parse_tests(tests).unverifiable
+    assert score(honest, tests) == 1.0  # before: 0.0 (a Match could not leave the sandbox)
+    wrong = "def is_word(s):\n    return None\ndef tag(n):\n    return 'ab'"
+    assert score(wrong, tests, partial=True) == 0.25  # `is None` only
+
+
+def test_library_names_resolve_through_every_form_of_import():
+    from grpo.sandbox.library import import_table
+
+    table = import_table(["import math as m, numpy", "from cmath import isclose as ci, pi", "from re import *",
+                          "import os.path", "def check(candidate):\n    import numpy.linalg as la\n"])
+    assert table["m"] == "math" and table["numpy"] == "numpy" and table["ci"] == "cmath.isclose"
+    assert table["pi"] == "cmath.pi" and table["fullmatch"] == "re.fullmatch" and table["os"] == "os"
+    assert table["la"] == "numpy.linalg"
+    # a module the judge does not know, or a function it does not list: unverifiable, never run inside for a verdict
+    assert parse_tests(["import os.path\nassert os.path.exists(f(1))"]).unverifiable
+    assert parse_tests(["import numpy as np\nassert np.linalg.norm(f(1)) == 1"]).unverifiable
+
+
+def test_a_two_sided_comparison_wrapped_in_a_call_is_not_verifiable():
+    """Row 9: `assert bool(f(1) == f(2))` counted as a call check; a program making both sides equal passed."""
+    for t in ("assert bool(f(1) == f(2))", "assert int(f(1) == f(2)) == 1", "assert not (f(1) != f(2))",
+              "import numpy as np\nassert np.allclose(f(1), f(2))"):
+        assert parse_tests([t]).unverifiable, t
+    assert score("def f(x):\n    return 0", ["assert bool(f(1) == f(2))", "assert f(1) == 1"]) == 0.0
