@@ -28,12 +28,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpo.rewards.base import RewardValues, completion_text, register_reward
 from grpo.scan import fenced_blocks
-from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, parse_tests, resolve_backend
+from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
+from grpo.sandbox.budget import parse_budgeted
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
@@ -46,13 +48,28 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+_PLANS: dict[tuple[str, str | None], TestPlan] = {}  # parsed rows, kept for the process (training re-reads rows)
+_PLANS_MAX = 100_000
+_plans_lock = threading.Lock()
+
+
 def plan_row(tests: Any, entry_point: str | None = None, row: int | None = None) -> TestPlan:
-    """parse_tests, with the row named in its error."""
+    """parse_tests in the judge process, under its budget (grpo.sandbox.budget: a row over budget is unverifiable,
+    logged), with the row named in its error; parsed once per process."""
+    where = f"row {row}" if row is not None else "a row"
+    key = (repr(tests), entry_point)
+    with _plans_lock:
+        if key in _PLANS:
+            return _PLANS[key]
     try:
-        return parse_tests(tests, entry_point)
+        plan = parse_budgeted(tests, entry_point, where)
     except ValueError as e:
-        where = f"row {row}" if row is not None else "a row"
         raise ValueError(f"code_tests: {where}'s `tests`: {e}") from None
+    with _plans_lock:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def _entry_points(entry_point: Any, n: int) -> list[str | None]:

@@ -36,16 +36,18 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.sandbox.judge import ABS_FLOOR, MAX_BUILD_BYTES, HoleFailed, evaluate_check, io_equal, values_equal
+from grpo.sandbox.judge import (ABS_FLOOR, MAX_BUILD_BYTES, HoleFailed, dry_run, evaluate_check, io_equal,
+                                values_equal)
 from grpo.sandbox.library import CONSTANTS, LIBRARY, MATCH_METHODS, import_table, qualname
 
-__all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "values_equal", "io_equal",
-           "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES"]
+__all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "dry_run", "values_equal",
+           "io_equal", "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES", "MAX_SUBSTITUTED_NODES"]
 
 # calls the checker evaluates itself, on plain values (never the program's function of the same name)
 _SAFE_CALLS = {"abs", "len", "round", "sorted", "set", "frozenset", "tuple", "list", "min", "max", "sum", "all",
                "any", "float", "int", "str", "bool", "isclose", "range", "dict", "complex"}
 # a library's usual name is the library even where the test forgets its import (the program may bind the name)
+MAX_SUBSTITUTED_NODES = 20_000  # AST nodes of an assert after its `NAME = literal` constants are substituted
 _DEFAULT_MODULES = {"math": "math", "cmath": "cmath", "re": "re", "numpy": "numpy", "np": "numpy"}
 _STR_METHODS = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "title", "capitalize", "startswith",
                 "endswith", "isdigit", "isalpha", "swapcase", "casefold"}  # called on a literal string: ours
@@ -135,7 +137,7 @@ def _add_source(plan: TestPlan, src: str, entry_point: str | None, imports: dict
     checker cannot place makes the whole string one unverifiable test)."""
     try:
         module = ast.parse(src)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # (ValueError: a NUL byte)
         plan.unverifiable.append(src)
         return
     consts: dict[str, ast.expr] = {}
@@ -148,7 +150,7 @@ def _add_source(plan: TestPlan, src: str, entry_point: str | None, imports: dict
     try:
         for stmt in module.body:
             _statement(stmt, consts, calls, prelude, entry_point, imports, top=True)
-    except _Unsupported:
+    except (_Unsupported, RecursionError):  # RecursionError: constants nested past the interpreter's depth
         if has_check and not any(_calls_check(s) for s in module.body):
             src = f"{src}\ncheck({entry_point})\n"
         plan.unverifiable.append(src)
@@ -199,15 +201,30 @@ def _is_literal(node: ast.expr, consts: dict) -> bool:
 
 
 def _substitute(node: ast.expr, consts: dict, holes: dict) -> ast.expr:
-    """A copy of `node` with constant names replaced by their literal."""
+    """A copy of `node` with constant names replaced by their literal; _Unsupported when the result would hold more
+    than MAX_SUBSTITUTED_NODES nodes (constants built from constants grow exponentially: `b = [a, a, a]`, ...)."""
+    size = [_nodes(node, MAX_SUBSTITUTED_NODES)]
 
     class Sub(ast.NodeTransformer):
         def visit_Name(self, n: ast.Name) -> ast.AST:
             if isinstance(n.ctx, ast.Load) and n.id in consts:
+                size[0] += _nodes(consts[n.id], MAX_SUBSTITUTED_NODES)
+                if size[0] > MAX_SUBSTITUTED_NODES:
+                    raise _Unsupported
                 return consts[n.id]
             return n
 
     return ast.fix_missing_locations(Sub().visit(_copy(node)))
+
+
+def _nodes(node: ast.AST, limit: int) -> int:
+    """The number of nodes under `node`, counted up to limit + 1 (so a huge tree costs no more than the limit)."""
+    n = 0
+    for _ in ast.walk(node):
+        n += 1
+        if n > limit:
+            break
+    return n
 
 
 def _copy(node: ast.AST) -> ast.AST:

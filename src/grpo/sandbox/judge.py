@@ -20,7 +20,8 @@ from typing import Any
 
 from grpo.sandbox import library
 from grpo.sandbox.library import MATCH_METHODS
-__all__ = ["evaluate_check", "values_equal", "io_equal", "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES"]
+__all__ = ["evaluate_check", "dry_run", "values_equal", "io_equal", "HoleFailed", "TooLarge", "ABS_FLOOR",
+           "MAX_BUILD_BYTES"]
 
 _KEYWORDS = {"round": {"ndigits"}, "sorted": {"reverse"}, "isclose": {"rel_tol", "abs_tol"}}
 _MAX_POW = 64  # x ** k: |k| at most this, k a literal
@@ -30,6 +31,11 @@ ABS_FLOOR = 1e-9  # the absolute tolerance of float == float (with rel_tol = flo
 
 class HoleFailed(Exception):
     """A hole the check needs raised in the sandbox, was not serialisable, or has no value."""
+
+
+class TooLarge(Exception):
+    """A value the checker would build is over MAX_BUILD_BYTES (refused before it is built; not a MemoryError, which
+    in the judge process means its real memory budget ran out: budget.py)."""
 
 
 def evaluate_check(check, values: dict[int, Any], float_tol: float = 0.0) -> bool:
@@ -134,6 +140,31 @@ class _Eval:
         return getattr(builtins, name)(*args, **kwargs)
 
 
+def dry_run(plan) -> None:
+    """Evaluate, once, every part of each call check of `plan` that does not depend on the program (the expected
+    side, `round(5, -10**9)`): for the cost only, errors ignored (the check then fails when judged). Runs in the
+    judge process at parse time (budget.py), so test text too costly to judge is caught per row, before training
+    uses it. A real MemoryError (the judge process's RLIMIT_AS) propagates."""
+    ev = _Eval({}, 0.0)
+    for check in plan.calls:
+        _fixed_parts(check.test, ev)
+
+
+def _fixed_parts(node: ast.AST, ev: _Eval) -> None:
+    if isinstance(node, ast.expr) and not any(isinstance(n, ast.Name) and n.id.startswith("__hole_")
+                                              for n in ast.walk(node)):
+        if not isinstance(node, ast.Constant):
+            try:
+                ev.run(node)
+            except MemoryError:
+                raise
+            except Exception:  # noqa: BLE001 - a value error of the expected side: judged (and failed) later
+                pass
+        return
+    for child in ast.iter_child_nodes(node):
+        _fixed_parts(child, ev)
+
+
 def _number(v: Any) -> None:
     if type(v) not in (int, float, bool, complex):
         raise TypeError(f"arithmetic on {type(v).__name__}")
@@ -142,7 +173,7 @@ def _number(v: Any) -> None:
 def _budget(nbytes: int) -> None:
     """Refuse, before building it, a value over MAX_BUILD_BYTES (the check then fails: never a trainer's OOM)."""
     if nbytes > MAX_BUILD_BYTES:
-        raise MemoryError(f"a value of ~{nbytes} bytes (more than MAX_BUILD_BYTES)")
+        raise TooLarge(f"a value of ~{nbytes} bytes (more than MAX_BUILD_BYTES)")
 
 
 def _length(v: Any) -> int:
