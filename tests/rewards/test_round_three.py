@@ -94,3 +94,15 @@ def test_a_two_sided_comparison_wrapped_in_a_call_is_not_verifiable():
               "import numpy as np\nassert np.allclose(f(1), f(2))"):
         assert parse_tests([t]).unverifiable, t
     assert score("def f(x):\n    return 0", ["assert bool(f(1) == f(2))", "assert f(1) == 1"]) == 0.0
+
+
+# ------------------------------------------------------------------------------------ malformed Unicode (row 5)
+def test_a_lone_surrogate_fails_only_its_own_sample():
+    """Before: UnicodeEncodeError out of the reward call, for the whole batch."""
+    from grpo.rewards.code_exec import code_tests
+
+    ok = [{"input": "", "output": "1"}]
+    got = code_tests([None] * 4, [fenced("print(input())"), fenced("x = '\ud800'\nprint(1)"),
+                                  fenced("import sys\nprint(len(sys.stdin.buffer.read()))"), fenced("print(1)")],
+                     [[{"input": "a\ud800\n", "output": "a"}], ok, [{"input": "\ud800", "output": "3"}], ok])
+    assert got == [0.0, 0.0, 1.0, 1.0]  # the data's bytes reach the program as they are; the others score

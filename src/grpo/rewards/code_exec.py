@@ -34,7 +34,7 @@ from typing import Any
 
 from grpo.rewards.base import RewardValues, completion_text, register_reward
 from grpo.scan import fenced_blocks
-from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
+from grpo.sandbox import SandboxUnavailable, TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
 from grpo.sandbox.budget import parse_budgeted
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
@@ -131,7 +131,7 @@ def code_tests(
                     row.append(pool.submit(calls_passed, code, plan, opts))
                 row += [pool.submit(io_passed, code, t, opts) for t in plan.io]
             jobs.append(row)
-        counts = [[f.result() for f in row] for row in jobs]
+        counts = [[_outcome(f) for f in row] for row in jobs]
     scores: list[float | None] = []
     for code, plan, got in zip(codes, plans, counts):
         if not plan.n:
@@ -148,6 +148,18 @@ def code_tests(
 
 
 code_tests.in_process = True  # type: ignore[attr-defined]
+
+
+def _outcome(job: Any) -> int | None:
+    """A job's count; None (no signal for that sample only) when it raised something other than SandboxUnavailable:
+    one bad sample never stops the call."""
+    try:
+        return job.result()
+    except SandboxUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001 - logged; the other samples are scored
+        logger.warning("code_tests: a sample's run raised %s: %s (that sample scores None)", type(e).__name__, e)
+        return None
 
 
 def unverifiable_rows(rows: list[tuple[Any, Any]]) -> list[int]:

@@ -91,10 +91,12 @@ def run_in(
     proc = None
     fds: list[int] = []  # read ends handed to the sandbox (the secret, the seccomp filter); closed here afterwards
     try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+        # malformed Unicode (a lone surrogate in the program or in a test's input) is passed on as the bytes it
+        # stands for: the program meets it (and fails on it), never this call
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
             f.write(code)
         os.chmod(os.path.join(workdir, "main.py"), 0o644)
-        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        data = stdin.encode("utf-8", "surrogatepass") if isinstance(stdin, str) else (stdin or b"")
         with open(os.path.join(workdir, "stdin"), "wb") as f:
             f.write(data)
         argv = ["main.py"]
