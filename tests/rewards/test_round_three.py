@@ -106,3 +106,31 @@ def test_a_lone_surrogate_fails_only_its_own_sample():
                                   fenced("import sys\nprint(len(sys.stdin.buffer.read()))"), fenced("print(1)")],
                      [[{"input": "a\ud800\n", "output": "a"}], ok, [{"input": "\ud800", "output": "3"}], ok])
     assert got == [0.0, 0.0, 1.0, 1.0]  # the data's bytes reach the program as they are; the others score
+
+
+# ------------------------------------------------------------------------------------------- weights (row 6)
+def test_weights_past_a_sane_range_are_refused_at_config_load():
+    """Before: reward.weights=[1e20] (or 1e32) was accepted; the float32 variance overflowed and every advantage of
+    the step was 0, silently."""
+    from grpo import load_config
+    from grpo.errors import ConfigError
+
+    for w in ("1e20", "1e32", "-2e6", "nan"):
+        with pytest.raises(ConfigError, match=r"reward\.weights\[0\]"):
+            load_config("grpo", [f"reward.weights=[{w}]"])
+    assert load_config("grpo", ["reward.weights=[1e6]"]).reward.weights == [1e6]
+
+
+def test_rewards_are_combined_in_float64():
+    """1e6 x 1e6 - 1e6 x 999999 is 1e6; summed in float32 it was 983040."""
+    from grpo.rewards.runner import RewardRunner
+
+    def one(prompts, completions, **kw):
+        return [1e6] * len(completions)
+
+    def other(prompts, completions, **kw):
+        return [999999.0] * len(completions)
+
+    one.in_process = other.in_process = True
+    with RewardRunner([("one", one, 1e6), ("other", other, -1e6)], max_abs=1e6) as runner:
+        assert runner([None], ["c"]).total.tolist() == [1e6]
