@@ -134,3 +134,22 @@ def test_rewards_are_combined_in_float64():
     one.in_process = other.in_process = True
     with RewardRunner([("one", one, 1e6), ("other", other, -1e6)], max_abs=1e6) as runner:
         assert runner([None], ["c"]).total.tolist() == [1e6]
+
+
+# ------------------------------------------------------------------------------------- comparisons (row 9)
+def test_ints_compare_as_ints_in_io_tests_at_any_magnitude():
+    """Before: an expected "1000000.0" accepted a printed 1000001 (within rel_tol 1e-6)."""
+    from grpo.sandbox.checks import io_equal
+
+    assert not io_equal("1000001", "1000000.0", 1e-6) and not io_equal("100000000000000000001", "1e20", 1e-6)
+    assert io_equal("1000000", "1000000.0", 1e-6) and io_equal("1000000.0000001", "1000000.0", 1e-6)
+    io = [{"input": "", "output": "1000000.0\n"}]
+    assert score("print(1000001)", io) == 0.0 and score("print(10 ** 6)", io) == 1.0
+
+
+def test_booleans_are_not_numbers_on_either_side_of_a_comparison():
+    """Before: False passed `assert f(1) != 0` (False != 0 is False in Python), True passed `> 0`."""
+    tests = ["assert f(1) != 0", "assert f(2) > 0", "assert f(3) != [0]"]
+    assert score("def f(x):\n    return False if x != 3 else [False]", tests, partial=True) == 0.0
+    assert score("def f(x):\n    return True if x == 2 else 0 if x == 1 else [0]", tests, partial=True) == 0.0
+    assert score("def f(x):\n    return 5 if x != 3 else [1]", tests) == 1.0

@@ -5,7 +5,8 @@ code runs: the trainer's own builtins and math, on fresh plain values (wire.py),
 Comparison: exact by default. Integers compare as integers (True is not 1; an int on either side: no tolerance);
 floats compare with floats only, within rel_tol = float_tol and an absolute floor ABS_FLOOR (1e-9), so `== 0.0` does
 not pass 1e-7. In I/O tests an expected token that is an integer must match character for character ("0012" is not
-"12", "1e6" is not "1000000"); an expected float token compares as a float. Values the checker builds are held to
+"12", "1e6" is not "1000000"); an expected float token compares as a float with a printed float, and exactly with
+a printed integer ("1000000.0" is not 1000001). Booleans are not numbers: `False != 0` and `True > 0` fail. Values the checker builds are held to
 MAX_BUILD_BYTES (`[0] * n`, `s * k`, concatenation, range, list(), x ** k), refused before they are built.
 """
 
@@ -16,6 +17,7 @@ import builtins
 import cmath
 import math
 import re
+from decimal import Decimal
 from typing import Any
 
 from grpo.sandbox import library
@@ -102,12 +104,14 @@ class _Eval:
     def _compare(self, op: ast.cmpop, a: Any, b: Any) -> bool:
         if isinstance(op, ast.Eq):
             return values_equal(a, b, self.tol)
-        if isinstance(op, ast.NotEq):
-            return not values_equal(a, b, self.tol)
+        if isinstance(op, ast.NotEq):  # unequal even with booleans read as numbers: False never passes `!= 0`
+            return not values_equal(a, b, self.tol) and not _equal(a, b, self.tol, 0, loose=True)
         if isinstance(op, (ast.Is, ast.IsNot)):
             if not any(x is None or x is True or x is False for x in (a, b)):
                 raise ValueError("`is` with something other than None/True/False")
             return (a is b) == isinstance(op, ast.Is)
+        if _bool_vs_number(a, b):
+            raise TypeError("an order between a bool and a number (booleans are not numbers)")
         return {ast.Lt: lambda: a < b, ast.LtE: lambda: a <= b, ast.Gt: lambda: a > b, ast.GtE: lambda: a >= b,
                 ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[type(op)]()
 
@@ -227,20 +231,25 @@ def values_equal(a: Any, b: Any, tol: float = 0.0) -> bool:
     return _equal(a, b, tol, 0)
 
 
-def _equal(a: Any, b: Any, tol: float, depth: int) -> bool:
+def _bool_vs_number(a: Any, b: Any) -> bool:
+    return (type(a) is bool) != (type(b) is bool) and {type(a), type(b)} - {bool} <= {int, float, complex}
+
+
+def _equal(a: Any, b: Any, tol: float, depth: int, loose: bool = False) -> bool:
+    """values_equal; loose: a bool equals the number it stands for (only to refuse `!=` between them)."""
     if depth > 100:
         raise RecursionError("values nested too deeply")
     ta, tb = type(a), type(b)
-    if ta is bool or tb is bool:
+    if (ta is bool or tb is bool) and not loose:
         return ta is tb and a == b
     if ta is float and tb is float and tol > 0:
         return math.isclose(a, b, rel_tol=tol, abs_tol=ABS_FLOOR)
     if tol > 0 and complex in (ta, tb) and {ta, tb} <= {float, complex}:  # an int involved: exact
         return cmath.isclose(a, b, rel_tol=tol, abs_tol=ABS_FLOOR)
     if ta in (list, tuple) or tb in (list, tuple):
-        return ta is tb and len(a) == len(b) and all(_equal(x, y, tol, depth + 1) for x, y in zip(a, b))
+        return ta is tb and len(a) == len(b) and all(_equal(x, y, tol, depth + 1, loose) for x, y in zip(a, b))
     if ta is dict or tb is dict:
-        return ta is tb and a.keys() == b.keys() and all(_equal(a[k], b[k], tol, depth + 1) for k in a)
+        return ta is tb and a.keys() == b.keys() and all(_equal(a[k], b[k], tol, depth + 1, loose) for k in a)
     return a == b
 
 
@@ -271,6 +280,11 @@ def _lines(s: str) -> list[str]:
 def _close_tokens(got: str, want: str, tol: float) -> bool:
     if len(got) > 64 or len(want) > 64 or not _FLOAT_TOKEN.fullmatch(want):  # an integer token: exact only
         return False
+    if _INT_TOKEN.fullmatch(got):  # an integer printed: exactly the expected value ("1000000.0" is not 1000001)
+        try:
+            return Decimal(got) == Decimal(want)
+        except ArithmeticError:
+            return False
     try:
         fg, fw = float(got), float(want)
     except ValueError:
@@ -278,5 +292,6 @@ def _close_tokens(got: str, want: str, tol: float) -> bool:
     return math.isclose(fg, fw, rel_tol=tol, abs_tol=ABS_FLOOR)
 
 
+_INT_TOKEN = re.compile(r"[+-]?\d+")
 # a float literal as a program prints one: digits with a '.' or an exponent, or inf/nan (bounded length above)
 _FLOAT_TOKEN = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][+-]?\d+|inf|nan|infinity)", re.IGNORECASE)
