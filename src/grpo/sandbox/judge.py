@@ -1,13 +1,15 @@
-"""The judging half of the code checks (checks.py parses the tests): an assertion evaluated here, in the trainer,
-over the values its holes took in the sandbox, and the comparisons of values and of printed output. Only trusted
-code runs: the trainer's own builtins and math, on fresh plain values (wire.py), within a byte budget.
+"""The judging half of the code checks (checks.py parses the tests): an assertion evaluated over the values its holes
+took in the sandbox, and the comparisons of values and of printed output. Only trusted code runs: the judge's own
+builtins, math and the library calls of library.py, on fresh plain values (wire.py), within a byte budget; under
+code_tests all of it runs in the judge's own process, under a time and a memory budget (budget.py).
 
 Comparison: exact by default. Integers compare as integers (True is not 1; an int on either side: no tolerance);
 floats compare with floats only, within rel_tol = float_tol and an absolute floor ABS_FLOOR (1e-9), so `== 0.0` does
 not pass 1e-7. In I/O tests an expected token that is an integer must match character for character ("0012" is not
 "12", "1e6" is not "1000000"); an expected float token compares as a float with a printed float, and exactly with
-a printed integer ("1000000.0" is not 1000001). Booleans are not numbers: `False != 0` and `True > 0` fail. Values the checker builds are held to
-MAX_BUILD_BYTES (`[0] * n`, `s * k`, concatenation, range, list(), x ** k), refused before they are built.
+a printed integer ("1000000.0" is not 1000001). Booleans are not numbers: `False != 0` and `True > 0` fail. Values
+the checker builds are held to MAX_BUILD_BYTES (`[0] * n`, `s * k`, concatenation, range, list(), x ** k), refused
+before they are built.
 """
 
 from __future__ import annotations
