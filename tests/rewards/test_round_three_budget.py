@@ -89,3 +89,13 @@ def test_honest_rows_still_judged_outside_and_the_judge_survives_an_overrun():
     plan = plan_row(tests)
     assert not plan.unverifiable and len(plan.calls) == 2
     assert code_tests([None, None], [HONEST, "```python\ndef f(x):\n    return x\n```"], [tests, tests]) == [1.0, 0.0]
+
+
+def test_rows_kept_for_the_process_are_told_apart_by_their_whole_text():
+    """Plans are kept per process now: two long numpy rows that differ in the middle (repr() elides it) are two."""
+    import numpy as np
+
+    a = np.array([f"assert f({i}) == {i}" for i in range(2000)])
+    b = a.copy()
+    b[1000] = "assert f(1000) == 7"
+    assert plan_row(a).calls[1000].source != plan_row(b).calls[1000].source

@@ -26,6 +26,7 @@ in_process for RewardRunner because every program already has its own hard kill 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import threading
@@ -53,11 +54,16 @@ _PLANS_MAX = 100_000
 _plans_lock = threading.Lock()
 
 
+def _key(tests: Any) -> str:
+    """The row's tests as text that tells any two rows apart (repr() elides the middle of a long numpy array)."""
+    return json.dumps(tests, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o))
+
+
 def plan_row(tests: Any, entry_point: str | None = None, row: int | None = None) -> TestPlan:
     """parse_tests in the judge process, under its budget (grpo.sandbox.budget: a row over budget is unverifiable,
     logged), with the row named in its error; parsed once per process."""
     where = f"row {row}" if row is not None else "a row"
-    key = (repr(tests), entry_point)
+    key = (_key(tests), entry_point)
     with _plans_lock:
         if key in _PLANS:
             return _PLANS[key]
