@@ -153,3 +153,40 @@ def test_booleans_are_not_numbers_on_either_side_of_a_comparison():
     assert score("def f(x):\n    return False if x != 3 else [False]", tests, partial=True) == 0.0
     assert score("def f(x):\n    return True if x == 2 else 0 if x == 1 else [0]", tests, partial=True) == 0.0
     assert score("def f(x):\n    return 5 if x != 3 else [1]", tests) == 1.0
+
+
+# ----------------------------------------------------------------------------- frames only from the harness (row 8)
+RIGHT_LINES = b"0 1 3\\n1 1 0\\n2 1 4\\n3 1 7\\nend\\n"  # the right values of test_code_forgery's four tests
+OWN_LINES = f"""\
+import os
+for fd in range(3, 64):
+    try:
+        os.write(fd, b"{RIGHT_LINES.decode()}")
+    except OSError:
+        pass
+os._exit(0)
+"""
+GRANDCHILD_LINES = f"""\
+import os, time
+if os.fork() == 0:
+    for fd in range(3, 64):
+        try:
+            os.write(fd, b"{RIGHT_LINES.decode()}")
+        except OSError:
+            pass
+    os._exit(0)
+time.sleep(0.5)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("program", [OWN_LINES, GRANDCHILD_LINES], ids=["own", "grandchild"])
+def test_result_lines_the_harness_did_not_write_are_refused(program, caplog, no_leak):
+    """Before: lines with the right values, written into the result pipe by the program (or its grandchild) instead
+    of the harness, made a valid frame: 1.0. Each line now carries this run's tag, which the child learns from the
+    parent after the fork; lines without it are not the harness's, and the frame is refused."""
+    from test_code_forgery import TESTS, score as forgery_score
+
+    assert forgery_score([program], partial=True) == [0.0]
+    assert forgery_score(["def add(a, b):\n    return a + b\n"]) == [1.0]
+    assert len(TESTS) == 4
