@@ -26,6 +26,14 @@ def _sandbox_pids() -> set[int]:
     return found
 
 
+def _judge_process(p: psutil.Process) -> bool:
+    """The judge's own process (grpo.sandbox.budget): one long-lived worker by design, not a leak."""
+    try:
+        return "grpo.sandbox.budget import _worker_main" in " ".join(p.cmdline())
+    except psutil.Error:
+        return True  # gone
+
+
 def leftovers(before: set[int], marker: str | None = None, *, wait_s: float = 2.0) -> list[str]:
     """Describe processes started since `before` that are still there after up to `wait_s` seconds (zombies too)."""
     deadline = time.monotonic() + wait_s
@@ -42,7 +50,8 @@ def leftovers(before: set[int], marker: str | None = None, *, wait_s: float = 2.
             if marker and marker in cmd:
                 left.append(f"{p.info['pid']} {p.info['status']} {cmd[:80]}")
         left += [f"{p} sandbox" for p in _sandbox_pids() - before]
-        left += [f"{c.pid} child {c.status()}" for c in me.children(recursive=True) if c.pid not in before]
+        left += [f"{c.pid} child {c.status()}" for c in me.children(recursive=True)
+                 if c.pid not in before and not _judge_process(c)]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)

@@ -50,6 +50,7 @@ SOURCES = {
     "bench/results/memory*.json": ("src/grpo/bench/memory.py", "bench/results/memory.json"),
     "bench/results/out_of_scope_parsers.json": ("scripts/out_of_scope_parsers.py",
                                                 "bench/results/out_of_scope_parsers.json"),
+    "bench/results/round_three.json": ("scripts/round_three_figures.py", "bench/results/round_three.json"),
 }
 
 README = "README.md"
@@ -555,6 +556,17 @@ FIGURES = [
       "n^{xml_parser.exponent:.1f} from 1,000"),
     F("docs/rewards.md", "bench/results/out_of_scope_parsers.json",
       "`\\boxed{{10^{{99999999}}}}` took {math_verify.seconds:.1f} s (a child process's start included"),
+    # docs/rewards.md: the third attack round (issue #40; scripts/round_three_figures.py)
+    F("docs/rewards.md", "bench/results/round_three.json",
+      "Cost: a round trip of {overhead.judge_process_ms_per_completion:.2f} ms per completion (4 checks; "
+      "{overhead.in_thread_ms_per_completion:.2f} ms in the thread)"),
+    F("docs/rewards.md", "bench/results/round_three.json",
+      "Now {lo:.1f}-{hi:.1f} s per call (the 3 s budget and a 2 s sandbox run), the trainer's own allocations peak "
+      "at {budget.seven_lists_trainer_peak_mb:.1f} MB on the seven lists",
+      lo=lambda d: min(v for k, v in d["budget"].items() if k.endswith("_s")),
+      hi=lambda d: max(v for k, v in d["budget"].items() if k.endswith("_s"))),
+    F("docs/rewards.md", "bench/results/round_three.json",
+      "Now {ipc.sem_bytes} bytes of each (`bench/results/round_three.json`)"),
     # docs/async.md: rollout.mode=async against sync (grpo.bench.async_rollouts), quiet and loaded
     F(ASYNC_DOC, ASYNC, "{table}", table=_async_table),
     F(ASYNC_DOC, ASYNC_LOADED, "{table}", table=_async_table),

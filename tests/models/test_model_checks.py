@@ -122,3 +122,25 @@ def test_check_safetensors_alone(model):
     (model / "model.safetensors").write_bytes(b"\xff" * 8)
     with pytest.raises(ModelDirError, match="cut short or not a safetensors file"):
         check_safetensors(model / "model.safetensors")
+
+
+def test_a_pickled_payload_is_refused_with_a_clear_error(model, tmp_path):
+    """Issue #40, row 10: before, the load failed later with torch's raw UnpicklingError, whose text advises
+    weights_only=False (running the payload). Now check_model_dir names the file and what it names; nothing runs."""
+    import os
+
+    import torch
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (model / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(2), "x": Payload()}, model / "pytorch_model.bin")
+    msg = error(model)
+    assert "pytorch_model.bin is a pickle that names" in msg and "system" in msg and "weights_only" not in msg
+    assert not marker.exists()
+    torch.save({"w": torch.zeros(2)}, model / "pytorch_model.bin")  # tensors only: fine
+    assert check_model_dir(model) == model

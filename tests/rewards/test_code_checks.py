@@ -118,7 +118,7 @@ def _encoder():
 def test_wire_round_trip_keeps_exact_types():
     enc = _encoder()
     for v in [None, True, 0, -5, 10**30, 1.5, float("inf"), "a\n\"b\u00e9", [1, [2]], (1, "x"), {"a": (1, 2), 3: None},
-              {1, 2}, frozenset({"z"}), [], (), {}]:
+              {1, 2}, frozenset({"z"}), [], (), {}, 2j, complex(1.5, -0.0)]:
         back = decode(enc(v))
         assert back == v and type(back) is type(v)
     assert math.isnan(decode(enc(float("nan"))))
@@ -135,7 +135,7 @@ def test_wire_refuses_anything_but_plain_values():
         def __eq__(self, other):
             return True
 
-    for bad in [Anything(), b"bytes", 1j, range(3), {"k": Anything()}]:
+    for bad in [Anything(), b"bytes", range(3), {"k": Anything()}]:  # (a complex is plain since round three)
         with pytest.raises(ValueError):
             enc(bad)
     # a subclass of a plain type travels as the plain value it holds (its own __eq__ never reaches the judge)

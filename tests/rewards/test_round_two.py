@@ -68,7 +68,9 @@ def test_patching_isclose_or_shadowing_range_no_longer_forges_the_expected_side(
 
 
 def test_a_library_call_or_a_two_sided_comparison_is_unverifiable_not_judged_inside():
-    plan = parse_tests(["import numpy as np\nassert np.allclose(f(1), [1, 2])",
+    # (round three: np.allclose is now the judge's own call on f(1)'s value; a library call the judge does not know
+    # stays unverifiable)
+    plan = parse_tests(["import numpy as np\nassert np.linalg.norm(f(1)) == 1",
                         "assert mul(2) * mul(3) == mul(6)", "assert f(2) == 4"])
     assert [c.holes for c in plan.calls] == [("f(2)",)] and len(plan.unverifiable) == 2
 

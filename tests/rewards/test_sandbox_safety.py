@@ -120,6 +120,58 @@ def test_bwrap_dev_shm_fills_up_at_its_cap(no_leak):
     assert int(written) <= _sandbox_cmd.TMPFS_BYTES >> 20 and errno_ == "28"  # ENOSPC
 
 
+# Round three's probe: a program capped at 256 MB held 160 MB of semaphore sets and 160 MB of queued messages
+# (kernel memory that no rlimit counts). Each semget asks for a set of 32000 semaphores (~64 bytes each in the
+# kernel); each message is 8 KiB. The program stops at 160 MB of each or at the first refusal.
+IPC = """\
+import ctypes, multiprocessing, os
+libc = ctypes.CDLL(None, use_errno=True)
+CREATE = 0o1000 | 0o600  # IPC_CREAT
+class Msg(ctypes.Structure):
+    _fields_ = [("mtype", ctypes.c_long), ("mtext", ctypes.c_char * 8192)]
+out = {"sem_bytes": 0, "msg_bytes": 0}
+while out["sem_bytes"] < 160 << 20:
+    if libc.semget(0, 32000, CREATE) < 0:
+        out["sem_errno"] = ctypes.get_errno()
+        break
+    out["sem_bytes"] += 32000 * 64
+m = Msg(1, b"x" * 8192)
+while out["msg_bytes"] < 160 << 20:
+    q = libc.msgget(0, CREATE)
+    if q < 0 or libc.msgsnd(q, ctypes.byref(m), 8192, 0o4000) < 0 or libc.msgsnd(q, ctypes.byref(m), 8192, 0o4000) < 0:
+        out["msg_errno"] = ctypes.get_errno()
+        break
+    out["msg_bytes"] += 2 * 8192
+fd = libc.syscall(240 if os.uname().machine == "x86_64" else 180, b"q", os.O_CREAT | os.O_RDWR, 0o600, None)
+out["mq_errno"] = ctypes.get_errno() if fd < 0 else 0
+lock = multiprocessing.Lock()  # POSIX semaphores live in /dev/shm (capped): honest programs keep them
+with lock:
+    out["lock"] = True
+print(out)
+"""
+
+
+@needs_bwrap
+def test_bwrap_denies_system_v_ipc_and_posix_message_queues(no_leak):
+    """Before: {'sem_bytes': 167936000, 'msg_bytes': 167772160, 'mq_errno': 0} under memory_mb=256."""
+    res = run_python(IPC, backend="bwrap", memory_mb=256, timeout=30)
+    assert res.status == "passed", res.stderr
+    got = eval(res.stdout)  # our own program's dict
+    assert got["sem_bytes"] == 0 and got["sem_errno"] == 1  # EPERM at the first set
+    assert got["msg_bytes"] == 0 and got["msg_errno"] == 1
+    assert got["mq_errno"] == 1 and got["lock"] is True
+
+
+@pytest.mark.skipif(FALLBACK is None, reason="no fallback backend works here")
+def test_fallbacks_hold_no_posix_message_queue_bytes(no_leak):
+    """Without seccomp (unshare, rlimit) RLIMIT_MSGQUEUE = 0 refuses a queue's bytes: EMFILE (before: a queue)."""
+    mq = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+          "fd = libc.syscall(240 if os.uname().machine == 'x86_64' else 180, b'q', os.O_CREAT | os.O_RDWR, 0o600, None)"
+          "\nprint(ctypes.get_errno() if fd < 0 else 0)\n")
+    res = run_python(mq, backend=FALLBACK)
+    assert res.status == "passed" and res.stdout.strip() == "24", (res.stdout, res.stderr)
+
+
 def test_bwrap_command_line_as_root_and_as_a_user(tmp_path, monkeypatch):
     """As a user bwrap makes the user namespace itself: --disable-userns closes it to the program (when this bwrap
     has the flag); as root there is no user namespace and the seccomp filter does that job. Both load the filter."""

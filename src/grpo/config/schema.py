@@ -94,9 +94,13 @@ class RolloutConfig(_Section):
                                                "its log-probs must move with the trainer's")
 
 
+MAX_REWARD_WEIGHT = 1e6  # |reward.weights[k]|: with reward.max_abs 1e6 a total's square stays far inside float32
+
+
 class RewardConfig(_Section):
     functions: list[str] | None = Field(None, description="reward function names; None = the task's defaults")
-    weights: list[float] | None = None
+    weights: list[float] | None = Field(None, description=f"one per function, each within +-{MAX_REWARD_WEIGHT:g} "
+                                        "(larger weights overflow the advantages' float32 variance)")
     timeout_s: float = Field(10.0, gt=0.0)
     max_failure_frac: float = Field(0.5, ge=0.0, le=1.0)
     max_abs: float = Field(1e6, gt=0.0, le=3.4e38, description="the largest |reward| a function may return; a value "
@@ -108,6 +112,16 @@ class RewardConfig(_Section):
         "auto", description="where code rewards run model-written programs: auto/bwrap = bubblewrap only (refuse "
                             "without it); unsafe_local = also the unshare/rlimit fallbacks, without filesystem "
                             "isolation (a warning each run; docs/rewards.md)")
+
+    @field_validator("weights")
+    @classmethod
+    def _sane_weights(cls, weights: list[float] | None) -> list[float] | None:
+        for k, w in enumerate(weights or []):
+            if not abs(w) <= MAX_REWARD_WEIGHT:  # NaN too
+                raise ValueError(f"reward.weights[{k}] = {w:g} is outside +-{MAX_REWARD_WEIGHT:g}: the advantages' "
+                                 "float32 variance would overflow (every advantage of a step 0); scale the reward "
+                                 "function instead")
+        return weights
 
 
 class AlgoConfig(_Section):

@@ -8,7 +8,8 @@ Checked, in this order (cheap: headers and sizes, no tensor is read):
 - config.json is there and is a JSON object (or, for a LoRA adapter saved by `save_final`, adapter_config.json);
 - the weights: each `*.safetensors` file (those a `model.safetensors.index.json` names, when sharded) has a
   readable header and is as long as its header says (a cut-off copy is caught here); a `pytorch_model.bin` is a
-  readable zip archive (torch's format), which a cut-off file is not;
+  readable zip archive (torch's format), which a cut-off file is not, whose pickle names only what torch's weights-only
+  loader allows (read with pickletools, never unpickled: a payload is refused before anything loads it);
 - the tokenizer: tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json or vocab.txt.
 """
 
@@ -104,9 +105,66 @@ def _check_weights(p: Path, where: str, adapter: bool) -> None:
             if not zipfile.is_zipfile(file):
                 raise ModelDirError(f"{where}: {file} is not a readable torch checkpoint (cut short or damaged); "
                                     "copy or save the model again")
+            _check_pickle(file, where)
         return
     raise ModelDirError(f"{where}: no weights in {p} ({prefix}.safetensors, {prefix}.safetensors.index.json or "
                         "pytorch_model.bin); save the model with model.save_pretrained(path)")
+
+
+def _check_pickle(file: Path, where: str) -> None:
+    """Refuse a torch checkpoint whose pickle names anything torch's weights-only loader does not allow (code that
+    would run on loading): read with pickletools, never unpickled. Without this the load failed later with torch's
+    own UnpicklingError, whose text advises weights_only=False, i.e. running the payload."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        allowed = set(_get_allowed_globals())
+    except (ImportError, AttributeError):  # pragma: no cover - another torch: allow torch's own names only
+        allowed = None
+    try:
+        with zipfile.ZipFile(file) as z:
+            name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+            data = z.read(name) if name else b""
+        for found in _pickle_globals(data):
+            if not (found in allowed if allowed is not None else found.startswith("torch.")) and not (
+                    found.startswith("torch.") and found.endswith("Storage")):
+                raise ModelDirError(f"{where}: {file} is a pickle that names {found!r}, which is not a tensor type: "
+                                    "loading it would run code, so it is refused (nothing of it ran). Use a model "
+                                    "saved as safetensors (model.save_pretrained(path), safe_serialization=True) "
+                                    "from a source you trust")
+    except ModelDirError:
+        raise
+    except (ValueError, zipfile.BadZipFile, OSError, KeyError) as e:
+        raise ModelDirError(f"{where}: {file} is not a readable torch checkpoint ({type(e).__name__}: {e}); copy or "
+                            "save the model again") from None
+
+
+def _pickle_globals(data: bytes) -> list[str]:
+    """The "module.name" of every global a pickle loads (GLOBAL, INST, STACK_GLOBAL), read without unpickling: the
+    stack is followed only as far as strings go (a STACK_GLOBAL whose names are not plain strings is "?")."""
+    import pickletools
+
+    stack: list[str | None] = []
+    memo: dict = {}
+    out = []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("GLOBAL", "INST"):
+            out.append(arg.replace(" ", "."))
+        elif op.name == "STACK_GLOBAL":
+            module, name = (stack[-2:] if len(stack) >= 2 else [None, None])
+            out.append(f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else "?")
+        if op.name == "MEMOIZE":
+            memo[len(memo)] = stack[-1] if stack else None
+        elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            memo[arg] = stack[-1] if stack else None
+        elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+            stack.append(memo.get(arg))
+        elif op.name in ("UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING",
+                         "SHORT_BINSTRING"):
+            stack.append(arg)
+        elif op.stack_after:
+            stack.append(None)
+    return out
 
 
 def check_safetensors(file: Path, where: str = "") -> None:

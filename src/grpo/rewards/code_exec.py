@@ -26,14 +26,17 @@ in_process for RewardRunner because every program already has its own hard kill 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpo.rewards.base import RewardValues, completion_text, register_reward
 from grpo.scan import fenced_blocks
-from grpo.sandbox import TestPlan, VerdictOptions, calls_passed, io_passed, parse_tests, resolve_backend
+from grpo.sandbox import SandboxUnavailable, TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
+from grpo.sandbox.budget import parse_budgeted
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
@@ -46,13 +49,33 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+_PLANS: dict[tuple[str, str | None], TestPlan] = {}  # parsed rows, kept for the process (training re-reads rows)
+_PLANS_MAX = 100_000
+_plans_lock = threading.Lock()
+
+
+def _key(tests: Any) -> str:
+    """The row's tests as text that tells any two rows apart (repr() elides the middle of a long numpy array)."""
+    return json.dumps(tests, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o))
+
+
 def plan_row(tests: Any, entry_point: str | None = None, row: int | None = None) -> TestPlan:
-    """parse_tests, with the row named in its error."""
+    """parse_tests in the judge process, under its budget (grpo.sandbox.budget: a row over budget is unverifiable,
+    logged), with the row named in its error; parsed once per process."""
+    where = f"row {row}" if row is not None else "a row"
+    key = (_key(tests), entry_point)
+    with _plans_lock:
+        if key in _PLANS:
+            return _PLANS[key]
     try:
-        return parse_tests(tests, entry_point)
+        plan = parse_budgeted(tests, entry_point, where)
     except ValueError as e:
-        where = f"row {row}" if row is not None else "a row"
         raise ValueError(f"code_tests: {where}'s `tests`: {e}") from None
+    with _plans_lock:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def _entry_points(entry_point: Any, n: int) -> list[str | None]:
@@ -114,7 +137,7 @@ def code_tests(
                     row.append(pool.submit(calls_passed, code, plan, opts))
                 row += [pool.submit(io_passed, code, t, opts) for t in plan.io]
             jobs.append(row)
-        counts = [[f.result() for f in row] for row in jobs]
+        counts = [[_outcome(f) for f in row] for row in jobs]
     scores: list[float | None] = []
     for code, plan, got in zip(codes, plans, counts):
         if not plan.n:
@@ -131,6 +154,18 @@ def code_tests(
 
 
 code_tests.in_process = True  # type: ignore[attr-defined]
+
+
+def _outcome(job: Any) -> int | None:
+    """A job's count; None (no signal for that sample only) when it raised something other than SandboxUnavailable:
+    one bad sample never stops the call."""
+    try:
+        return job.result()
+    except SandboxUnavailable:
+        raise
+    except Exception as e:  # noqa: BLE001 - logged; the other samples are scored
+        logger.warning("code_tests: a sample's run raised %s: %s (that sample scores None)", type(e).__name__, e)
+        return None
 
 
 def unverifiable_rows(rows: list[tuple[Any, Any]]) -> list[int]:

@@ -406,18 +406,18 @@ class RewardRunner:
 
     def _result(self, n: int, outcomes: dict[str, _Outcome]) -> RewardResult:
         nan = float("nan")
-        per_function = {
-            name: torch.tensor([nan if v is None else v for v in o.values], dtype=torch.float32)
-            for name, o in outcomes.items()
-        }
-        total = torch.zeros(n, dtype=torch.float32)
-        missing = torch.zeros(n, dtype=torch.bool)
-        for spec in self.specs:
-            if spec.weight != 0:
-                r = per_function[spec.name]
-                missing |= torch.isnan(r)
-                total += spec.weight * torch.nan_to_num(r, nan=0.0)
-        total[missing] = nan
+        exact = {name: torch.tensor([nan if v is None else v for v in o.values], dtype=torch.float64)
+                 for name, o in outcomes.items()}
+        per_function = {name: r.float() for name, r in exact.items()}  # each value was checked to fit float32
+        # summed in float64 (1e6 x 1e6 - 1e6 x 999999 is 1e6; float32 gave 983040), checked where it becomes float32
+        total64, missing = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool)
+        for spec in (s for s in self.specs if s.weight != 0):
+            missing |= torch.isnan(exact[spec.name])
+            total64 += spec.weight * torch.nan_to_num(exact[spec.name], nan=0.0)
+        for i in (~missing & ~(total64.abs() <= _F32_MAX)).nonzero().flatten().tolist():  # that sample: invalid
+            self._note("total", "unstorable", f"a weighted total cannot be stored as float32: sample {i}")
+            missing[i] = True
+        total = total64.float().masked_fill(missing, nan)
         metrics: dict[str, float] = {"reward/missing_frac": float(missing.float().mean()) if n else 0.0}
         for name, o in outcomes.items():
             r = per_function[name]

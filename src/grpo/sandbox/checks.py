@@ -8,11 +8,14 @@ Forms (a row's `tests`: one string of test code, a list of such strings, or I/O 
   call checks   `assert EXPR` where every piece of EXPR that runs the program's code is a call (or an attribute)
                 of a name the program defines: `add(1, 2)`, `candidate([1, 2])`, `Stack().size()`. Those pieces
                 ("holes") are the only thing the sandbox evaluates; the rest (the comparison, the expected value,
-                abs/len/sorted/set/range/round/isclose/math.*, a few str methods of literals, arithmetic, indexing)
-                is evaluated here, in the trainer, with the trainer's own builtins, by `evaluate_check` over the
-                holes' values. The expected side comes from the test text alone: a comparison (or isclose) whose
-                both sides call the program, or a call of a module the test imports (numpy, ...), cannot be judged
-                here and makes the test unverifiable. The expected values never enter the sandbox.
+                abs/len/sorted/set/range/round/isclose, a few str methods of literals, arithmetic, indexing, and
+                the library calls of library.py: math, cmath, re, numpy functions through any import of the row,
+                `import math as m`, `from math import isclose as close`, in the same string or another) is
+                evaluated here, in the trainer, with the trainer's own builtins and imports, by `evaluate_check`
+                over the holes' values. The expected side comes from the test text alone: a comparison (or a call)
+                with more than one side calling the program, wherever it is (`bool(f(1) == f(2))`), or a call of
+                a module the judge does not list (`os.path.exists`, `np.linalg.norm`) cannot be judged here and
+                makes the test unverifiable. The expected values never enter the sandbox.
                 HumanEval's `def check(candidate): assert ...` is read with `candidate` = the row's entry point;
                 a function named like a builtin (entry_point="max") is the program's, never ours.
                 Imports become a prelude the sandbox runs after the solution; `NAME = <literal>` is substituted.
@@ -30,19 +33,22 @@ Comparison (values_equal, io_equal) and evaluation live in judge.py: exact by de
 from __future__ import annotations
 
 import ast
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.sandbox.judge import ABS_FLOOR, MAX_BUILD_BYTES, HoleFailed, evaluate_check, io_equal, values_equal
+from grpo.sandbox.judge import (ABS_FLOOR, MAX_BUILD_BYTES, HoleFailed, dry_run, evaluate_check, io_equal,
+                                values_equal)
+from grpo.sandbox.library import CONSTANTS, LIBRARY, MATCH_METHODS, import_table, qualname
 
-__all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "values_equal", "io_equal",
-           "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES"]
+__all__ = ["CallCheck", "IOCheck", "TestPlan", "parse_tests", "evaluate_check", "dry_run", "values_equal",
+           "io_equal", "HoleFailed", "ABS_FLOOR", "MAX_BUILD_BYTES", "MAX_SUBSTITUTED_NODES"]
 
 # calls the checker evaluates itself, on plain values (never the program's function of the same name)
 _SAFE_CALLS = {"abs", "len", "round", "sorted", "set", "frozenset", "tuple", "list", "min", "max", "sum", "all",
-               "any", "float", "int", "str", "bool", "isclose", "range", "dict"}
-_MATH_CALLS = {"isclose", "sqrt", "fabs", "floor", "ceil", "log", "exp", "pow", "gcd", "factorial", "comb", "hypot"}
+               "any", "float", "int", "str", "bool", "isclose", "range", "dict", "complex"}
+# a library's usual name is the library even where the test forgets its import (the program may bind the name)
+MAX_SUBSTITUTED_NODES = 20_000  # AST nodes of an assert after its `NAME = literal` constants are substituted
+_DEFAULT_MODULES = {"math": "math", "cmath": "cmath", "re": "re", "numpy": "numpy", "np": "numpy"}
 _STR_METHODS = {"upper", "lower", "strip", "lstrip", "rstrip", "split", "title", "capitalize", "startswith",
                 "endswith", "isdigit", "isalpha", "swapcase", "casefold"}  # called on a literal string: ours
 
@@ -92,12 +98,14 @@ def parse_tests(tests: Any, entry_point: str | None = None) -> TestPlan:
     if tests is None:
         return plan
     items = [tests] if isinstance(tests, (str, dict)) else list(tests)
+    # the row's imports, wherever they are (MBPP keeps `import math` in its own string): library.py
+    imports = {**_DEFAULT_MODULES, **import_table([i for i in items if isinstance(i, str)])}
     for item in items:
         if isinstance(item, dict):
             plan.io += _io_checks(item)
         elif isinstance(item, str):
             if item.strip():
-                _add_source(plan, item, entry_point)
+                _add_source(plan, item, entry_point, imports)
         else:
             raise ValueError(f"a test must be a string of test code or an {{'input', 'output'}} dict, got "
                              f"{type(item).__name__} {item!r:.80}")
@@ -124,12 +132,12 @@ def _text(v: Any, name: str) -> str:
     return v
 
 
-def _add_source(plan: TestPlan, src: str, entry_point: str | None) -> None:
+def _add_source(plan: TestPlan, src: str, entry_point: str | None, imports: dict[str, str]) -> None:
     """Add one string of test code: all its asserts as call checks if every statement is supported (an assert the
     checker cannot place makes the whole string one unverifiable test)."""
     try:
         module = ast.parse(src)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # (ValueError: a NUL byte)
         plan.unverifiable.append(src)
         return
     consts: dict[str, ast.expr] = {}
@@ -141,8 +149,8 @@ def _add_source(plan: TestPlan, src: str, entry_point: str | None) -> None:
                          "function to check")
     try:
         for stmt in module.body:
-            _statement(stmt, consts, calls, prelude, entry_point, top=True)
-    except _Unsupported:
+            _statement(stmt, consts, calls, prelude, entry_point, imports, top=True)
+    except (_Unsupported, RecursionError):  # RecursionError: constants nested past the interpreter's depth
         if has_check and not any(_calls_check(s) for s in module.body):
             src = f"{src}\ncheck({entry_point})\n"
         plan.unverifiable.append(src)
@@ -156,7 +164,8 @@ def _calls_check(stmt: ast.stmt) -> bool:
             and stmt.value.func.id == "check")
 
 
-def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_point: str | None, top: bool) -> None:
+def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_point: str | None, imports: dict,
+               top: bool) -> None:
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
         prelude.append(ast.unparse(stmt))
     elif isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
@@ -165,7 +174,7 @@ def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_p
           and _is_literal(stmt.value, consts)):
         consts[stmt.targets[0].id] = _substitute(stmt.value, consts, {})
     elif isinstance(stmt, ast.Assert):
-        check = _call_check(stmt, consts, {entry_point} - {None}, _imported(prelude))
+        check = _call_check(stmt, consts, {entry_point} - {None}, imports)
         if check is not None:
             calls.append(check)
     elif top and isinstance(stmt, ast.FunctionDef) and stmt.name == "check":
@@ -176,7 +185,7 @@ def _statement(stmt: ast.stmt, consts: dict, calls: list, prelude: list, entry_p
         inner = dict(consts)
         inner[args.args[0].arg] = ast.Name(entry_point, ast.Load())
         for s in stmt.body:
-            _statement(s, inner, calls, prelude, entry_point, top=False)
+            _statement(s, inner, calls, prelude, entry_point, imports, top=False)
     elif top and _calls_check(stmt) and entry_point:
         pass  # check(entry_point): the asserts inside check() are the tests
     else:
@@ -192,32 +201,37 @@ def _is_literal(node: ast.expr, consts: dict) -> bool:
 
 
 def _substitute(node: ast.expr, consts: dict, holes: dict) -> ast.expr:
-    """A copy of `node` with constant names replaced by their literal."""
+    """A copy of `node` with constant names replaced by their literal; _Unsupported when the result would hold more
+    than MAX_SUBSTITUTED_NODES nodes (constants built from constants grow exponentially: `b = [a, a, a]`, ...)."""
+    size = [_nodes(node, MAX_SUBSTITUTED_NODES)]
 
     class Sub(ast.NodeTransformer):
         def visit_Name(self, n: ast.Name) -> ast.AST:
             if isinstance(n.ctx, ast.Load) and n.id in consts:
+                size[0] += _nodes(consts[n.id], MAX_SUBSTITUTED_NODES)
+                if size[0] > MAX_SUBSTITUTED_NODES:
+                    raise _Unsupported
                 return consts[n.id]
             return n
 
     return ast.fix_missing_locations(Sub().visit(_copy(node)))
 
 
+def _nodes(node: ast.AST, limit: int) -> int:
+    """The number of nodes under `node`, counted up to limit + 1 (so a huge tree costs no more than the limit)."""
+    n = 0
+    for _ in ast.walk(node):
+        n += 1
+        if n > limit:
+            break
+    return n
+
+
 def _copy(node: ast.AST) -> ast.AST:
     return ast.parse(ast.unparse(node), mode="eval").body if isinstance(node, ast.expr) else node
 
 
-def _imported(prelude: list[str]) -> set[str]:
-    """The names the test's imports bind (`import numpy as np` -> np): library code, never the program's."""
-    names = set()
-    for line in prelude:
-        for node in ast.walk(ast.parse(line)):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
-def _call_check(stmt: ast.Assert, consts: dict, program: set[str], imported: set[str]) -> CallCheck | None:
+def _call_check(stmt: ast.Assert, consts: dict, program: set[str], imports: dict[str, str]) -> CallCheck | None:
     """The assert as a CallCheck; None when it calls nothing at all (`assert True`: no program involved); or
     _Unsupported: calls but no hole (it may test a builtin-named function of the program: `assert max([1, 5]) ==
     5`), a hole that is not the program's code, or an expected side that calls the program."""
@@ -225,7 +239,7 @@ def _call_check(stmt: ast.Assert, consts: dict, program: set[str], imported: set
     if not any(isinstance(n, ast.Call) for n in ast.walk(test)):
         return None
     holes: list[str] = []
-    shaped = _Holes(holes, program, imported).visit(test)
+    shaped = _Holes(holes, program, imports).visit(test)
     if not holes or not _one_sided(shaped):
         raise _Unsupported
     return CallCheck(ast.unparse(ast.Assert(stmt.test, None)), tuple(holes), ast.fix_missing_locations(shaped))
@@ -236,17 +250,20 @@ def _has_hole(node: ast.AST) -> bool:
 
 
 def _one_sided(node: ast.expr) -> bool:
-    """Whether every comparison in `node` has its expected side free of the program: of a comparison's two
-    operands (or isclose's two values) at most one calls the program."""
-    if isinstance(node, ast.Compare):
-        return sum(map(_has_hole, [node.left, *node.comparators])) <= 1  # `0 < f(1) <= 2` too
-    if isinstance(node, ast.Call) and _name(node.func) == "isclose":
-        return sum(map(_has_hole, node.args[:2])) <= 1 and not any(_has_hole(k.value) for k in node.keywords)
-    if isinstance(node, ast.UnaryOp):
-        return _one_sided(node.operand)
-    if isinstance(node, ast.BoolOp):
-        return all(_one_sided(v) for v in node.values)
+    """Whether every comparison in `node`, wherever it is (`bool(f(1) == f(2))`, `int(...)`), has its expected side
+    free of the program: of a comparison's operands, and of a call's arguments (isclose, np.allclose, max, ...), at
+    most one calls the program."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Compare) and sum(map(_has_hole, [n.left, *n.comparators])) > 1:
+            return False  # `0 < f(1) <= 2` is one-sided; `f(1) == f(2)` is not
+        if isinstance(n, ast.Call) and not _is_hole(n) and sum(
+                map(_has_hole, [*n.args, *(k.value for k in n.keywords)])) > 1:
+            return False
     return True
+
+
+def _is_hole(n: ast.AST) -> bool:
+    return isinstance(n, ast.Name) and n.id.startswith("__hole_")
 
 
 def _name(f: ast.expr) -> str | None:
@@ -264,19 +281,41 @@ def _root(node: ast.expr) -> str | None:
 class _Holes(ast.NodeTransformer):
     """Replace every piece that runs program code by `__hole_k__`, checking the rest is judgeable outside.
     program: names that are the program's even when they look like builtins (the entry point); imported: module
-    names the test imports (their calls are library code: not judgeable here, not the program's)."""
+    names bound by the row's imports -> qualified names (library.py): a call through one of them is evaluated by
+    the judge when the name is in LIBRARY (the call becomes `__lib__<qualname>(...)`), else it is unverifiable."""
 
-    def __init__(self, holes: list[str], program: set[str] = frozenset(), imported: set[str] = frozenset()) -> None:
-        self.holes, self.program, self.imported = holes, set(program), set(imported)
+    def __init__(self, holes: list[str], program: set[str] = frozenset(), imports: dict | None = None) -> None:
+        self.holes, self.program, self.imports = holes, set(program), dict(imports or {})
+        for name in self.program:
+            self.imports.pop(name, None)  # the entry point is the program's, whatever the test imports
 
     def _hole(self, node: ast.expr) -> ast.Name:
         root = _root(node)
-        if root is None or root in self.imported or root == "math":
+        if root is None or root in self.imports:
             raise _Unsupported  # library code or a method of a literal: neither the program's nor ours
         self.holes.append(ast.unparse(node))
         return ast.Name(f"__hole_{len(self.holes) - 1}__", ast.Load())
 
+    def _arguments(self, node: ast.Call) -> ast.Call:
+        if any(kw.arg is None for kw in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
+            raise _Unsupported
+        node.args = [self.visit(a) for a in node.args]
+        for kw in node.keywords:
+            kw.value = self.visit(kw.value)
+        return node
+
     def visit_Call(self, node: ast.Call) -> ast.AST:
+        q = qualname(node.func, self.imports)
+        if q is not None:  # a library call: the judge's own, on the values (or unverifiable)
+            if q not in LIBRARY:
+                raise _Unsupported
+            node.func = ast.Name(f"__lib__{q}", ast.Load())
+            return self._arguments(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr in MATCH_METHODS and isinstance(f.value, ast.Call)
+                and (qualname(f.value.func, self.imports) or "").startswith("re.")):
+            f.value = self.visit(f.value)  # re.fullmatch(p, f(x)).group(1): a method of the judge's own Match
+            return self._arguments(node)
         if not _safe_call(node, self.program):
             return self._hole(node)
         if any(kw.arg is None for kw in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
@@ -289,11 +328,15 @@ class _Holes(ast.NodeTransformer):
         return node  # the function's name stays: evaluate_check calls the checker's own version
 
     def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        if isinstance(node.value, ast.Name) and node.value.id == "math" and node.attr in ("pi", "e", "inf", "nan"):
-            return ast.Constant(getattr(math, node.attr))
+        q = qualname(node, self.imports)
+        if q in CONSTANTS:
+            return ast.Constant(CONSTANTS[q])  # math.pi, np.inf, re.IGNORECASE: the judge's values
         return self._hole(node)
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
+        q = qualname(node, self.imports)
+        if q in CONSTANTS:
+            return ast.Constant(CONSTANTS[q])  # from math import pi
         raise _Unsupported  # a name the checker does not know (constants were substituted)
 
     def generic_visit(self, node: ast.AST) -> ast.AST:
@@ -309,12 +352,10 @@ _ALLOWED = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.UnaryOp, a
 
 def _safe_call(node: ast.Call, program: set[str] = frozenset()) -> bool:
     """Whether the checker evaluates this call itself: a builtin of _SAFE_CALLS (not a name the program owns, such
-    as its entry point), math.<function>, or a str method of a literal string."""
+    as its entry point) or a str method of a literal string. (Library calls: _Holes.visit_Call.)"""
     f = node.func
     if isinstance(f, ast.Name):
         return f.id in _SAFE_CALLS and f.id not in program
-    if not isinstance(f, ast.Attribute):
+    if not isinstance(f, ast.Attribute) or isinstance(f.value, ast.Name):
         return False
-    if isinstance(f.value, ast.Name):
-        return f.value.id == "math" and f.attr in _MATH_CALLS and "math" not in program
     return f.attr in _STR_METHODS and isinstance(f.value, ast.Constant) and type(f.value.value) is str

@@ -6,10 +6,12 @@ Two processes inside the sandbox:
   makes itself non-dumpable (prctl), forks ->   closes the secret pipe, waits for "go"
   reads the secret key from the pipe fd         .
   (sys.argv[1], the sandbox's `secret`) to EOF  .
-  closes it, says "go" ------------------------> points fd 1 at /dev/null; runs the solution; runs the prelude;
+  closes it, says "go" + a fresh tag ----------> points fd 1 at /dev/null; runs the solution; runs the prelude;
                                                 evaluates each hole (a call expression), encodes its value
-  reads result lines from the child's pipe  <--- with the strict encoder (wire.py): "<k> 1 <value>" or
-  until "end", EOF, MAX_PAYLOAD or the budget    "<k> 0 <error>"; then each unverifiable test: "<k> 1 ok"
+  reads result lines from the child's pipe  <--- with the strict encoder (wire.py): "<k> <tag> 1 <value>" or
+  until "end <tag>", EOF, the budget;            "<k> <tag> 0 <error>"; then each unverifiable test:
+  keeps the lines with the tag (without it),     "<k> <tag> 1 true"
+  any other line becomes "forged" (the frame is then refused: the program or its children wrote it);
   kills the child, then writes ONE frame to stdout:
       GRPO-FRAME <hmac-sha256(key, header rest + payload)> <child status> <payload length>\\n<payload>
 
@@ -22,6 +24,9 @@ Why the program cannot forge a verdict:
 - The child's stdout is /dev/null; only the parent writes the real stdout, once, after the child is gone, and
   `read_frame` requires stdout to be exactly one frame. Exiting early (os._exit, a signal, killing the parent)
   leaves the holes without values: those tests fail.
+- Result lines come only from the harness's child code: each carries the run's tag, which exists only from the fork
+  on; lines the program (or a grandchild) writes blindly into the pipe lack it and invalidate the frame. (A program
+  that digs the tag out of its own interpreter can still write lines: they must hold the right values, as above.)
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ PRELUDE = {prelude!r}
 HOLES = {holes!r}
 EXECS = {execs!r}
 MAX_PAYLOAD = {max_payload!r}
+TAG_CHARS = 32
 {encoder}
 _encode = _grpo_make_encoder({max_depth!r}, {max_chars!r})
 
@@ -66,7 +72,13 @@ def _child(w, go):
     import traceback
     _compile, _eval, _exec, _write, _exit, _type = compile, eval, exec, _write_all, os._exit, type
     _BaseException, _enumerate, _len = BaseException, enumerate, len
-    os.read(go, 1)  # the parent holds the key now
+    tag = b""
+    while _len(tag) < 1 + TAG_CHARS:  # "g" + this run's tag: the parent holds the key now
+        chunk = os.read(go, 1 + TAG_CHARS - _len(tag))
+        if not chunk:
+            _exit(1)
+        tag += chunk
+    tag = tag[1:].decode()
     os.close(go)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
@@ -79,27 +91,42 @@ def _child(w, go):
     except _BaseException:
         traceback.print_exc()
         sys.stderr.flush()
-        _write(w, b"end\n")
+        _write(w, ("end %s\n" % tag).encode())
         _exit(1)
     for k, src in _enumerate(HOLES):
         try:
-            line = "%d 1 %s\n" % (k, _encode(_eval(_compile(src, "test_%d.py" % k, "eval"), ns)))
+            line = "%d %s 1 %s\n" % (k, tag, _encode(_eval(_compile(src, "test_%d.py" % k, "eval"), ns)))
         except _BaseException as e:
-            line = "%d 0 %s\n" % (k, _type(e).__name__)
+            line = "%d %s 0 %s\n" % (k, tag, _type(e).__name__)
             traceback.print_exc()
         _write(w, line.encode())
     for j, src in _enumerate(EXECS):
         k = _len(HOLES) + j
         try:
             _exec(_compile(src, "test_%d.py" % k, "exec"), ns)
-            line = "%d 1 true\n" % k
+            line = "%d %s 1 true\n" % (k, tag)
         except _BaseException as e:
-            line = "%d 0 %s\n" % (k, _type(e).__name__)
+            line = "%d %s 0 %s\n" % (k, tag, _type(e).__name__)
             traceback.print_exc()
         _write(w, line.encode())
     sys.stderr.flush()
-    _write(w, b"end\n")
+    _write(w, ("end %s\n" % tag).encode())
     _exit(0)
+
+
+def _own_lines(payload, tag):
+    """The child's lines without this run's tag ("<k> <tag> <rest>" -> "<k> <rest>"; "end <tag>" -> "end"); a line
+    without the tag was written by someone else (the program, its children): it becomes "forged", which makes the
+    frame invalid. A cut last line is dropped (the frame is then incomplete)."""
+    lines = payload.split(b"\n")[:-1]
+    out = []
+    for line in lines:
+        parts = line.split(b" ", 2)
+        if line == b"end " + tag:
+            out.append(b"end")
+            break
+        out.append(parts[0] + b" " + parts[2] if len(parts) == 3 and parts[1] == tag else b"forged")
+    return b"".join(x + b"\n" for x in out)
 
 
 def _nondumpable():
@@ -158,12 +185,14 @@ def _main():
             break
         key += chunk
     os.close(secret_fd)
-    os.write(go_w, b"g")
+    tag = os.urandom(TAG_CHARS // 2).hex().encode()  # this run's: the child learns it only once it is forked
+    os.write(go_w, b"g" + tag)
     os.close(go_w)
+    end = b"end " + tag + b"\n"
     payload = bytearray()
     poller = select.poll()
     poller.register(r, select.POLLIN | select.POLLHUP)
-    while len(payload) <= MAX_PAYLOAD and not payload.endswith(b"end\n"):
+    while len(payload) <= MAX_PAYLOAD + MAX_PAYLOAD // 2 and not payload.endswith(end):
         left = BUDGET - (time.monotonic() - _T0)
         if left <= 0 or not poller.poll(left * 1000):
             break
@@ -177,7 +206,7 @@ def _main():
         pass
     _, status = os.waitpid(pid, 0)
     state = ("exit%d" % os.WEXITSTATUS(status)) if os.WIFEXITED(status) else ("sig%d" % os.WTERMSIG(status))
-    body = bytes(payload[:MAX_PAYLOAD])
+    body = _own_lines(bytes(payload), tag)[:MAX_PAYLOAD]
     rest = ("%s %d\n" % (state, len(body))).encode()
     mac = _hmac_sha256(key, rest + body)
     _write_all(1, b"GRPO-FRAME " + mac.encode() + b" " + rest + body)

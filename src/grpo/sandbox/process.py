@@ -84,16 +84,19 @@ def run_in(
         ("RLIMIT_NOFILE", MAX_OPEN_FILES),
         ("RLIMIT_FSIZE", MAX_FILE_BYTES),
         ("RLIMIT_CORE", 0),
+        ("RLIMIT_MSGQUEUE", 0),  # no POSIX message queue bytes (bwrap's seccomp denies mq_open too)
     ]
     workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
     t0 = time.monotonic()
     proc = None
     fds: list[int] = []  # read ends handed to the sandbox (the secret, the seccomp filter); closed here afterwards
     try:
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
+        # malformed Unicode (a lone surrogate in the program or in a test's input) is passed on as the bytes it
+        # stands for: the program meets it (and fails on it), never this call
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8", errors="surrogatepass") as f:
             f.write(code)
         os.chmod(os.path.join(workdir, "main.py"), 0o644)
-        data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+        data = stdin.encode("utf-8", "surrogatepass") if isinstance(stdin, str) else (stdin or b"")
         with open(os.path.join(workdir, "stdin"), "wb") as f:
             f.write(data)
         argv = ["main.py"]

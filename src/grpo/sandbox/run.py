@@ -14,11 +14,11 @@
 
 Every call gets a new process group (session) that is SIGKILLed as a whole at the wall-clock limit; rlimits set in
 the sandboxed interpreter before the program's first line (RLIMIT_AS = memory_mb, RLIMIT_CPU = timeout + 1 s,
-RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE, no core files); a private temporary working directory (deleted
-afterwards); an environment with nothing but PATH, HOME, LANG, MALLOC_ARENA_MAX; the interpreter in isolated mode
-(`python -I`: no PYTHON* variables, no user site, no script directory on sys.path); output caps. The limits are
-applied by the interpreter itself rather than a `preexec_fn`, which is unsafe in a multi-threaded parent (the trainer
-is one).
+RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_FSIZE, no core files, RLIMIT_MSGQUEUE = 0); a private temporary working
+directory (deleted afterwards); an environment with nothing but PATH, HOME, LANG, MALLOC_ARENA_MAX; the
+interpreter in isolated mode (`python -I`: no PYTHON* variables, no user site, no script directory on sys.path);
+output caps. The limits are applied by the interpreter itself rather than a `preexec_fn`, which is unsafe in a
+multi-threaded parent (the trainer is one).
 
 Backends. Safe by default: without a working bwrap, run_python raises SandboxUnavailable (saying how to install it)
 unless an unsafe fallback is asked for by name: `backend=` / GRPO_SANDBOX_BACKEND, or set_sandbox_mode("unsafe_local")
@@ -29,8 +29,8 @@ per process. The binaries are resolved to absolute paths once per process (comma
            /usr (+ the /bin, /lib, ... links), the Python installation and the dynamic loader's /etc files, all
            read-only, a fresh /proc and /dev, and size-capped private tmpfs mounts at /tmp, /dev/shm and /work (the
            working directory), new each run. Host files outside those are invisible. --die-with-parent,
-           --new-session, --clearenv; a seccomp filter (seccomp.py: no new user namespaces, no memfd/shmget, no
-           ptrace); --disable-userns as a normal user when bwrap has it.
+           --new-session, --clearenv; a seccomp filter (seccomp.py: no new user namespaces, no memfd, no System V
+           IPC or POSIX message queues, no ptrace); --disable-userns as a normal user when bwrap has it.
   unshare  util-linux `unshare`: the same pid, network, ipc and uts namespaces, but NO filesystem isolation: the
            program sees the host's files with the permissions of its uid (below) and works in a private temporary
            directory on the host.

@@ -3,8 +3,11 @@
 It makes these system calls fail (EPERM, ENOSYS for clone3) for the program and everything it starts:
   new user namespaces   unshare/clone with CLONE_NEWUSER; clone3 (its flags sit in memory a filter cannot read, so
                         it answers ENOSYS and the C library falls back to clone), setns
-  unbounded memory      memfd_create, memfd_secret (shmem that RLIMIT_AS does not count), shmget (SysV segments
-                        outlive their mapping)
+  unbounded memory      memfd_create, memfd_secret (shmem that RLIMIT_AS does not count); System V IPC: shmget
+                        (segments outlive their mapping), semget and msgget (semaphore sets and queued messages are
+                        kernel memory outside every cap: 160 MB of each under a 256 MB RLIMIT_AS before this);
+                        POSIX message queues: mq_open. Denying the calls that create an object is enough: the IPC
+                        namespace is new, so there is no object to attach to.
   reading other processes ptrace, process_vm_readv, process_vm_writev (the harness's secret; see harness.py)
   kernel attack surface userfaultfd, bpf, perf_event_open, keyctl, add_key, request_key, io_uring_setup
   file locks            flock, and fcntl's F_SETLK/F_SETLKW/F_OFD_SETLK/F_OFD_SETLKW/F_SETLEASE: a lock on a read-only
@@ -38,19 +41,22 @@ _ERRNO = 0x00050000
 _NR, _ARCH, _ARG0_LO, _ARG1_LO = 0, 4, 16, 24
 _FCNTL_DENIED = (6, 7, 37, 38, 1024, 1026)  # F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE, F_NOTIFY
 
-_DENIED = ("memfd_create", "memfd_secret", "shmget", "setns", "ptrace", "process_vm_readv", "process_vm_writev",
-           "userfaultfd", "bpf", "perf_event_open", "keyctl", "add_key", "request_key", "io_uring_setup", "flock",
+_DENIED = ("memfd_create", "memfd_secret", "shmget", "semget", "msgget", "mq_open", "setns", "ptrace",
+           "process_vm_readv", "process_vm_writev", "userfaultfd", "bpf", "perf_event_open", "keyctl", "add_key",
+           "request_key", "io_uring_setup", "flock",
            "inotify_init", "inotify_init1", "fanotify_init")  # a name an architecture lacks is skipped there
 # machine -> (AUDIT_ARCH, syscall numbers, first number of another ABI on the same arch or None)
 _ARCHES: dict[str, tuple[int, dict[str, int], int | None]] = {
     "x86_64": (0xC000003E, {
-        "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "clone": 56, "clone3": 435, "unshare": 272,
+        "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+        "clone": 56, "clone3": 435, "unshare": 272,
         "setns": 308, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "userfaultfd": 323,
         "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
         "io_uring_setup": 425, "flock": 73, "fcntl": 72, "inotify_init": 253, "inotify_init1": 294,
         "fanotify_init": 300}, 0x40000000),  # __X32_SYSCALL_BIT
     "aarch64": (0xC00000B7, {
-        "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "clone": 220, "clone3": 435, "unshare": 97,
+        "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+        "clone": 220, "clone3": 435, "unshare": 97,
         "setns": 268, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "userfaultfd": 282,
         "bpf": 280, "perf_event_open": 241, "keyctl": 219, "add_key": 217, "request_key": 218,
         "io_uring_setup": 425, "flock": 32, "fcntl": 25, "inotify_init1": 26, "fanotify_init": 262}, None),

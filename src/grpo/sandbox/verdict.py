@@ -12,7 +12,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from grpo.sandbox.checks import IOCheck, TestPlan, evaluate_check, io_equal
+from grpo.sandbox.budget import evaluate_budgeted
+from grpo.sandbox.checks import IOCheck, TestPlan, io_equal
 from grpo.sandbox.harness import SETUP_FAILED, build_harness, read_frame
 from grpo.sandbox.run import run_python
 from grpo.sandbox.wire import WireError, decode
@@ -55,11 +56,11 @@ def calls_passed(code: str, plan: TestPlan, opts: VerdictOptions) -> int | None:
                 values[k] = decode(text)
             except WireError:
                 pass  # not a plain value: the checks that need it fail
-    passed, offset = 0, 0
+    per_check, offset = [], 0
     for check in plan.calls:
-        mine = {j: values[offset + j] for j in range(len(check.holes)) if offset + j in values}
-        passed += evaluate_check(check, mine, opts.float_tol)
+        per_check.append({j: values[offset + j] for j in range(len(check.holes)) if offset + j in values})
         offset += len(check.holes)
+    passed = sum(evaluate_budgeted(plan.calls, per_check, opts.float_tol))  # in the judge process (budget.py)
     for j in range(len(plan.unverifiable)):
         passed += frame.results.get(len(holes) + j, (False, ""))[0]
     return passed

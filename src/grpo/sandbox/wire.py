@@ -2,14 +2,17 @@
 
 Inside the sandbox the harness encodes a value with ENCODER_SRC: the built-in types, and what an honest program
 returns for them, as the plain value it stands for (an int or float subclass by the base type's own repr, a
-namedtuple as a tuple, a Counter or OrderedDict as a dict, a numpy scalar or array through .item()/.tolist());
-anything else is refused. Here `decode` rebuilds it from the text with the trainer's own json parser and strict
-type rules. Nothing of the program's survives the trip: what comes back is made of fresh built-in objects, so the
-comparison with the expected value runs only trusted code (a subclass's custom __eq__ never reaches it).
+namedtuple as a tuple, a Counter or OrderedDict as a dict, a numpy scalar or array through .item()/.tolist(), a
+complex by its two floats, a re.Match reduced to what a test can use of a returned match: that it is one, i.e. true
+and not None, with its text); anything else is refused. Here `decode` rebuilds it from the text with the trainer's
+own json parser and strict type rules. Nothing of the program's survives the trip: what comes back is made of fresh
+built-in objects, so the comparison with the expected value runs only trusted code (a subclass's custom __eq__ never
+reaches it).
 
 Wire format (a JSON value): null, true, false, integers, floats (NaN, Infinity, -Infinity), strings and arrays
 (a Python list) as in JSON; every JSON object is a tagged container with exactly one key:
   {"t": [...]} tuple    {"d": [[key, value], ...]} dict    {"s": [...]} set    {"f": [...]} frozenset
+  {"c": [re, im]} complex    {"m": [text]} a re.Match (decoded as a MatchValue: true, not None, equal to nothing)
 Limits: nesting depth MAX_DEPTH, encoded length MAX_CHARS per value.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["ENCODER_SRC", "decode", "WireError", "MAX_DEPTH", "MAX_CHARS"]
+__all__ = ["ENCODER_SRC", "decode", "WireError", "MatchValue", "MAX_DEPTH", "MAX_CHARS"]
 
 MAX_DEPTH = 64
 MAX_CHARS = 32_000
@@ -34,6 +37,7 @@ def _grpo_make_encoder(max_depth, max_chars):
     except ImportError:
         from json.encoder import encode_basestring_ascii as _estr
     _type, _repr_int, _repr_float, _len, _join = type, int.__repr__, float.__repr__, len, ",".join
+    _C, _cre, _cim = complex, complex.real.__get__, complex.imag.__get__
     _I, _F, _S, _B, _N, _L, _T, _D, _SET, _FS = int, float, str, bool, type(None), list, tuple, dict, set, frozenset
     _specials = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
     _isinstance, _getattr, _dict_items, _str_len, _str_str = isinstance, getattr, dict.items, str.__len__, str.__str__
@@ -52,6 +56,10 @@ def _grpo_make_encoder(max_depth, max_chars):
         if _isinstance(v, _F):
             r = _repr_float(v)
             return _specials.get(r, r)
+        if _isinstance(v, _C):
+            return '{"c":[' + enc(_cre(v), depth + 1) + "," + enc(_cim(v), depth + 1) + "]}"
+        if _getattr(t, "__module__", "") == "re" and t.__name__ == "Match":  # what a test can use of a match
+            return '{"m":[' + enc(v.group(0), depth + 1) + "]}"
         if _isinstance(v, _S):
             if _str_len(v) > max_chars:
                 raise _ValueError("string too long")
@@ -93,6 +101,22 @@ class WireError(ValueError):
 _TAGS = {"t": tuple, "s": set, "f": frozenset}
 
 
+class MatchValue:
+    """A re.Match the program returned, as the judge sees it: true, not None, equal only to itself; `text` is its
+    group(0). (A test that calls a method of the program's match has that call in its hole: it runs inside.)"""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<re.Match {self.text[:40]!r}>"
+
+
 def decode(text: str) -> Any:
     """The plain value encoded in `text`; WireError if it is not exactly the wire format (or too deep, too long)."""
     if len(text) > MAX_CHARS + 64:
@@ -120,6 +144,10 @@ def _build(x: Any, depth: int) -> Any:
                     return _TAGS[tag](_build(e, depth + 1) for e in body)
                 except TypeError as e:  # an unhashable set element
                     raise WireError(str(e)) from None
+            if tag == "c" and len(body) == 2 and all(type(e) in (int, float) for e in body):
+                return complex(float(body[0]), float(body[1]))
+            if tag == "m" and len(body) == 1 and type(body[0]) is str:
+                return MatchValue(body[0])
             if tag == "d":
                 out = {}
                 for pair in body:

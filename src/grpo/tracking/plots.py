@@ -30,7 +30,8 @@ def reward_function_keys(rows: list[dict]) -> list[str]:
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    # a point is an int step and a number (a run directory is data: anything else is not plotted)
+    pts = [(r["step"], r[key]) for r in rows if type(r.get("step")) is int and type(r.get(key)) in (int, float)]
     return [s for s, _ in pts], [v for _, v in pts]
 
 

@@ -17,19 +17,26 @@ KEYS = ["reward/mean", "reward/std", "adv/zero_std_frac", "rollout/len_mean", "r
 
 
 def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+    """Any field of the run directory as HTML text: a float formatted, everything else escaped (a run directory is
+    data: a step, a prompt or a key may hold `<script>`)."""
+    return f"{v:.4g}" if type(v) is float else html.escape(str(v))
+
+
+def _shown(row: dict, every: int) -> bool:
+    step = row.get("step")
+    return type(step) is not int or step % every == 0 or "eval/accuracy" in row or "eval/val_accuracy" in row
 
 
 def _completion(sample: dict, j: int, text: str) -> str:
     """A completion's cell: its text, or for an episode every turn, marked policy or environment (its role)."""
     episodes = sample.get("episodes")
     if not episodes or episodes[j] is None:
-        return f"<code>{html.escape(text)}</code>"
+        return f"<code>{_fmt(text)}</code>"
     turns = "".join(
-        f'<div class="turn {"policy" if t["role"] == "policy" else "env"}"><b>[{html.escape(t["role"])}]</b> '
-        f"<code>{html.escape(t['text'])}</code></div>" for t in episodes[j]["turns"])
+        f'<div class="turn {"policy" if t.get("role") == "policy" else "env"}"><b>[{_fmt(t.get("role"))}]</b> '
+        f"<code>{_fmt(t.get('text'))}</code></div>" for t in episodes[j]["turns"])
     end = episodes[j].get("end", "")
-    return turns + (f"<div><i>ended: {html.escape(end)}</i></div>" if end else "")
+    return turns + (f"<div><i>ended: {_fmt(end)}</i></div>" if end else "")
 
 
 def write_report(run_dir: Path) -> Path:
@@ -54,15 +61,17 @@ def write_report(run_dir: Path) -> Path:
         keys += ENV_KEYS
     every = max(1, len(rows) // 30)
     table = "".join(
-        "<tr>" + f"<td>{r['step']}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in keys) + "</tr>"
-        for r in rows if r["step"] % every == 0 or "eval/accuracy" in r or "eval/val_accuracy" in r
+        "<tr>" + f"<td>{_fmt(r.get('step'))}</td>" + "".join(f"<td>{_fmt(r.get(k, ''))}</td>" for k in keys)
+        + "</tr>" for r in rows if _shown(r, every)
     )
     groups = "".join(
-        f"<h3>step {s['step']}: {html.escape(s['prompt'].strip())} (answer {html.escape(str(s.get('answer')))})</h3>"
-        f"<p>mean {_fmt(s['reward_mean'])}, std {_fmt(s['reward_std'])}</p><table><tr><th>completion</th>"
+        f"<h3>step {_fmt(s.get('step'))}: {_fmt(str(s.get('prompt', '')).strip())} (answer {_fmt(s.get('answer'))})"
+        "</h3>"
+        f"<p>mean {_fmt(s.get('reward_mean'))}, std {_fmt(s.get('reward_std'))}</p><table><tr><th>completion</th>"
         "<th>reward</th><th>advantage</th></tr>"
         + "".join(f"<tr><td>{_completion(s, j, c)}</td><td>{_fmt(r)}</td><td>{_fmt(a)}</td></tr>"
-                  for j, (c, r, a) in enumerate(zip(s["completions"], s["rewards"], s["advantages"])))
+                  for j, (c, r, a) in enumerate(zip(s.get("completions", []), s.get("rewards", []),
+                                                    s.get("advantages", []))))
         + "</table>"
         for s in samples
     )
@@ -70,9 +79,9 @@ def write_report(run_dir: Path) -> Path:
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}.turn.env{{color:#555;background:#f3f3f3}}pre{{background:#f5f5f5;padding:1em}}</style></head><body>
 <h1>grpo run {html.escape(run_dir.name)}</h1>
-<table>{''.join(f'<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>' for k, v in summary.items())}</table>
+<table>{''.join(f'<tr><th>{_fmt(k)}</th><td>{_fmt(v)}</td></tr>' for k, v in summary.items())}</table>
 {images}
-<h2>Metrics</h2><table id="metrics"><tr><th>step</th>{''.join(f'<th>{html.escape(k)}</th>' for k in keys)}</tr>{table}</table>
+<h2>Metrics</h2><table id="metrics"><tr><th>step</th>{''.join(f'<th>{_fmt(k)}</th>' for k in keys)}</tr>{table}</table>
 <h2>Sample groups</h2><div id="samples">{groups}</div><h2>Config</h2><pre>{html.escape(config)}</pre></body></html>"""
     out = run_dir / "report.html"
     out.write_text(page)
