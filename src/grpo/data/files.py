@@ -189,13 +189,14 @@ class FileTask:
                  answer_column: str | None = "answer", test_path: str | None = None, test_fraction: float = 0.1,
                  subset: str | None = None, split: str = "train", test_split: str | None = None,
                  tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False,
-                 plain_prompts: str = "auto"):
+                 plain_prompts: str = "auto", reward_limits: dict | None = None):
         if plain_prompts not in ("auto", "template", "raw"):
             raise DataFileError(f"data.plain_prompts must be auto, template or raw, got {plain_prompts!r}")
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
         self.plain_prompts = plain_prompts
         self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
+        self.reward_limits = dict(reward_limits or {})  # RewardRunner's timeout_s, max_abs, max_failure_frac
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
         self._judge = self._specs[0]
@@ -235,7 +236,9 @@ class FileTask:
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
                    test_split=d.test_split, tokenizer=tokenizer, tokenizer_loader=tokenizer_loader,
-                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts)
+                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts,
+                   reward_limits={"timeout_s": cfg.reward.timeout_s, "max_abs": cfg.reward.max_abs,
+                                  "max_failure_frac": cfg.reward.max_failure_frac})
 
     # ------------------------------------------------------------------ reading and validation
     def _read(self, ds, source: str) -> list[tuple[str, Any, Any, dict]]:
@@ -328,11 +331,32 @@ class FileTask:
         """The rewards the task was built with (reward.functions), weight 1 each unless given."""
         return list(self._specs)
 
+    def is_correct_batch(self, prompts: list[Prompt], completions: list[str]) -> list[bool]:
+        """Whether the first reward function gives each completion its maximum (`fn.max_reward`, default 1),
+        called through grpo.rewards.RewardRunner as training calls it: a sample on which it raises, returns NaN/inf
+        or hangs past reward.timeout_s is missing (logged with the reason), so not correct; a wrong count or
+        a non-number is a RewardOutputError naming the function. The count of samples it could not judge is
+        logged (evaluation goes on whatever their share: reward.max_failure_frac is a training limit)."""
+        from grpo.rewards.runner import RewardRunner
+
+        name, fn, _weight, *options = self._judge
+        keys = sorted({k for p in prompts for k in p.meta})
+        columns = {"answer": [p.answer for p in prompts], **{k: [p.meta.get(k) for p in prompts] for k in keys}}
+        limits = {**self.reward_limits, "max_failure_frac": 1.0}  # judging goes on: a failed sample is not correct
+        with RewardRunner([(name, fn, 1.0, *options)], **limits) as runner:
+            res = runner([p.text for p in prompts], list(completions), columns)
+        values, status = res.per_function[name].tolist(), res.status[name]
+        failed = {c: status.count(c) for c in ("error", "timeout", "invalid") if status.count(c)}
+        if failed:
+            why = {"error": "raised", "timeout": "timed out", "invalid": "returned NaN/inf"}
+            log.warning("reward %r could not judge %d of %d held-out completions (%s); they count as not correct",
+                        name, sum(failed.values()), len(values),
+                        ", ".join(f"{why[c]} on {k}" for c, k in failed.items()))
+        top = float(getattr(fn, "max_reward", 1.0)) - 1e-9
+        return [v == v and v >= top for v in values]  # v != v: NaN, the sample is missing
+
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        fn = self._judge[1]
-        columns = {k: [v] for k, v in prompt.meta.items()}
-        value = fn([prompt.text], [completion], answer=[prompt.answer], **columns)[0]
-        return value is not None and float(value) >= float(getattr(fn, "max_reward", 1.0)) - 1e-9
+        return self.is_correct_batch([prompt], [completion])[0]
 
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "

@@ -1,0 +1,149 @@
+"""Issue 41, bad input round three: the CRASH, UNCLEAR and SILENT rows, through the real entry point
+(`grpo.cli.main`): rewards called through the runner's isolation by every caller (evaluation and `grpo eval` too),
+damaged model directories, LoRA target modules, GGUF files, data files read as their format defines lines, message
+roles, non-finite logits, `grpo bench` arguments. Each ends in one message naming the thing (exit 2, no traceback) or
+in the documented "missing" value; the disk rows are tests/test_bad_input_round3.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from test_bad_input import GOOD, data_file, model_dir, run, small  # noqa: F401 (model_dir: the module's fixture)
+
+from grpo.cli import main
+from grpo.errors import EXIT_OK, EXIT_USER
+
+REWARDS = '''
+import math, time
+
+def picky(prompts, completions, answer, **kw):
+    """Raises on the rows whose answer is a multiple of 3 (6 of 20), scores the rest."""
+    if any(int(a) % 3 == 0 for a in answer):
+        raise ValueError("cannot score " + ",".join(answer))
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+def short(prompts, completions, **kw):
+    return [0.0] * (len(completions) - 1)
+
+def nan(prompts, completions, **kw):
+    return [math.nan] * len(completions)
+
+def sleepy(prompts, completions, **kw):
+    time.sleep(60)
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture
+def rewards(tmp_path, monkeypatch) -> str:
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    monkeypatch.chdir(tmp_path)
+    return "my_rewards.py"
+
+
+def damaged(model_dir: Path, tmp_path: Path, how: str) -> Path:
+    bad = Path(shutil.copytree(model_dir, tmp_path / f"m-{how}"))
+    config = json.loads((bad / "config.json").read_text())
+    if how == "shape":
+        weights = load_file(bad / "model.safetensors")
+        weights["model.layers.0.mlp.up_proj.weight"] = torch.zeros(3, 3)
+        save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    elif how == "config":
+        (bad / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    elif how == "tokenizer":
+        (bad / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+    elif how == "model_type":
+        del config["model_type"]
+        (bad / "config.json").write_text(json.dumps(config))
+    return bad
+
+
+# ------------------------------------------------------------------ CRASH: damaged model directories, train and eval
+
+
+@pytest.mark.parametrize(("how", "words"), [
+    ("shape", "holds tensor 'model.layers.0.mlp.up_proj.weight' of shape [3, 3], but config.json (hidden_size=32, "
+              "intermediate_size=64, num_hidden_layers=2, vocab_size=102) gives it [64, 32]: the weights and "
+              "config.json do not belong together"),
+    ("config", "holds tensor 'model.embed_tokens.weight' of shape [102, 32], but config.json (hidden_size=64, "),
+    ("tokenizer", "tokenizer.json is not readable JSON (Expecting property name enclosed in double quotes: line 1 "
+                  "column 30"),
+    ("model_type", 'config.json has no "model_type" (e.g. "llama")'),
+])
+def test_a_damaged_model_directory_is_one_message_in_train_and_eval(how, words, model_dir, tmp_path,  # noqa: F811
+                                                                    capsys):
+    bad = damaged(model_dir, tmp_path, how)
+    code, err = run(small(bad, tmp_path / "run"), capsys)
+    assert code == EXIT_USER and words in err and f"model.name={str(bad)!r}" in err, err
+    assert not (tmp_path / "run").exists()
+    code, err = run(["eval", str(bad)], capsys)
+    assert code == EXIT_USER and words in err and f"model_dir={str(bad)!r}" in err, err
+
+
+# ------------------------------------------------------------------ SILENT / CRASH: LoRA target modules
+
+
+@pytest.mark.parametrize(("targets", "words"), [
+    ("[q_proj,nonexistent_proj]", "model.lora_target_modules=['q_proj', 'nonexistent_proj']: 'nonexistent_proj' "
+                                  "is not a layer of this model; its linear and embedding layers are ['down_proj', "
+                                  "'embed_tokens', 'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', "
+                                  "'v_proj']"),
+    ("[qproj,vproj]", "'qproj', 'vproj' are not a layer of this model ('qproj': did you mean 'q_proj'?) ('vproj': "
+                      "did you mean 'v_proj'?)"),
+])
+def test_lora_target_modules_are_checked_against_the_model(targets, words, model_dir, tmp_path, capsys):  # noqa: F811
+    code, err = run(small(model_dir, tmp_path / "run", "model.lora_rank=4", f"model.lora_target_modules={targets}"),
+                    capsys)
+    assert code == EXIT_USER and words in err, err
+    assert not (tmp_path / "run" / "final").exists()
+
+
+# ------------------------------------------------------------------ CRASH / UNCLEAR: rewards in every caller
+
+
+def test_a_reward_raising_on_some_rows_leaves_them_missing_in_evaluation(model_dir, tmp_path, capsys,  # noqa: F811
+                                                                         rewards, caplog):
+    path = data_file(tmp_path, "train.jsonl", GOOD)
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "data.test_fraction=0.5",
+                          f"reward.functions=[{rewards}:picky]", "train.preflight=warn"), capsys)
+    assert code == EXIT_OK, err
+    assert "ValueError: cannot score" in caplog.text  # the runner's log of the raising rows, with the reason
+    caplog.clear()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 0.0 <= summary["eval/accuracy_after"] <= 1.0
+    code, err = run(["eval", str(tmp_path / "run" / "final"), f"reward.functions=[{rewards}:picky]", "--data",
+                     str(path), "--n", "10"], capsys)
+    assert code == EXIT_OK and "cannot score" in caplog.text, err
+    assert "reward 'picky' could not judge 2 of 3 held-out completions (raised on 2); they count as not correct" \
+        in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_reward_returning_one_value_too_few_is_one_message_in_evaluation(mode, model_dir, tmp_path, capsys,  # noqa: F811
+                                                                          rewards):
+    path = data_file(tmp_path, "train.jsonl", GOOD)
+    extra = ["rollout.mode=async", "rollout.seed_per_prompt=true"] if mode == "async" else []
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "data.test_fraction=0.5",
+                          f"reward.functions=[{rewards}:short]", *extra), capsys)
+    assert code == EXIT_USER, err
+    assert "reward function 'short' returned" in err and "values for" in err and "IndexError" not in err
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    ("nan", "reward 'nan' gave no value for any of the 8 completions: it returned NaN/inf or a value past "
+            "reward.max_abs for 8"),
+    ("sleepy", "reward 'sleepy' gave no value for any of the 8 completions: it timed out (reward.timeout_s) for 8"),
+])
+def test_the_preflight_names_nan_and_timeouts_not_none(fn, words, model_dir, tmp_path, capsys, rewards):  # noqa: F811
+    code = main(small(model_dir, tmp_path / "run", f"reward.functions=[{rewards}:{fn}]", "train.preflight=stop",
+                      "train.preflight_groups=4", "reward.timeout_s=0.5"))
+    out = capsys.readouterr()
+    err = out.out + out.err  # the verdicts are printed, the error names them
+    assert code == 3 and "Traceback" not in err, err
+    assert words in err, err
+    assert "returned None" not in err
