@@ -147,3 +147,87 @@ def test_the_preflight_names_nan_and_timeouts_not_none(fn, words, model_dir, tmp
     assert code == 3 and "Traceback" not in err, err
     assert words in err, err
     assert "returned None" not in err
+
+
+# ------------------------------------------------------------------ UNCLEAR / SILENT: data files as their format reads
+
+
+def rows_jsonl(rows: list) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u0085"])
+def test_jsonl_lines_end_at_newline_only(char, tmp_path):
+    from grpo.data.files import FileTask
+
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    rows[6]["prompt"] = f"What is 6{char}+ 1?"  # valid JSON: a raw U+2028 / U+0085 inside a string
+    path = data_file(tmp_path, "t.jsonl", rows_jsonl(rows))
+    task = FileTask(str(path), reward_functions=["exact_answer"], test_fraction=0.3)
+    got = task.split("train", 100) + task.split("test", 100)
+    assert sorted(p.text for p in got) == sorted(r["prompt"] for r in rows)
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u0085"])
+def test_csv_is_read_by_the_csv_module_and_answers_stay_text(char, model_dir, tmp_path, capsys):  # noqa: F811
+    from grpo.data.files import FileTask
+
+    lines = ["prompt,answer"] + [f"What is {i}{char}+ 1?,00{i + 1}" for i in range(20)]
+    path = data_file(tmp_path, "t.csv", ("\n".join(lines) + "\n").encode())
+    task = FileTask(str(path), reward_functions=["exact_answer"], test_fraction=0.3)
+    got = sorted(task.split("train", 100) + task.split("test", 100), key=lambda p: int(p.uid.rsplit(":", 1)[1]))
+    assert [p.text for p in got] == [f"What is {i}{char}+ 1?" for i in range(20)]
+    assert [p.answer for p in got] == [f"00{i + 1}" for i in range(20)]  # "007" stays "007", not 7
+
+
+def test_a_csv_answer_007_reaches_the_reward_as_007(tmp_path):
+    from grpo.data.tables import read_plain
+
+    path = data_file(tmp_path, "t.csv", b"prompt,answer,n,x\nq1,007,1,0.5\nq2,12,2,1.50\n")
+    rows = list(read_plain(path))
+    assert [r["answer"] for r in rows] == ["007", "12"]  # one cell that is not Python's own writing: text
+    assert [r["n"] for r in rows] == [1, 2]  # numbers that write back the same stay numbers, as before
+    assert [r["x"] for r in rows] == ["0.5", "1.50"]
+
+
+def test_a_jsonl_whose_rows_are_lists_says_so(model_dir, tmp_path, capsys):  # noqa: F811
+    path = data_file(tmp_path, "lists.jsonl", b'["What is 1 + 1?", "2"]\n["What is 2 + 2?", "4"]\n')
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
+                    capsys)
+    assert code == EXIT_USER
+    assert f"{path} line 1: a JSON array, expected an object such as" in err and "Extra data" not in err, err
+
+
+def test_data_errors_name_the_line_an_editor_shows(model_dir, tmp_path, capsys):  # noqa: F811
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(50)]
+    rows[40]["prompt"] = " "
+    text = rows_jsonl(rows[:10]) + b"\n\n" + rows_jsonl(rows[10:])  # two blank lines: row 40 is on line 43
+    path = data_file(tmp_path, "t.jsonl", text)
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
+                    capsys)
+    assert code == EXIT_USER and f"grpo: {path.name} line 43: column 'prompt' (the prompt) is empty" in err, err
+    assert text.split(b"\n")[42] == b'{"prompt": " ", "answer": "41"}'  # the editor's line 43
+
+
+def test_a_prompt_too_long_names_the_file_line(model_dir, tmp_path, capsys):  # noqa: F811
+    from grpo.data.files import hash_fraction
+
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    i = next(i for i, r in enumerate(rows) if hash_fraction(r["prompt"] + "x" * 5000) >= 0.3)  # a train row
+    rows[i]["prompt"] += "x" * 5000
+    path = data_file(tmp_path, "t.jsonl", b"\n" + rows_jsonl(rows))  # row i on line i + 2
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "data.test_fraction=0.3",
+                          "reward.functions=[exact_answer]", "data.max_prompt_tokens=16"), capsys)
+    assert code == EXIT_USER and f"(uid 't.jsonl:{i}', t.jsonl line {i + 2}): column 'prompt' has" in err, err
+
+
+@pytest.mark.parametrize(("role", "words"), [("wizard", "has role 'wizard'; a chat template knows the roles system, "
+                                                        "user, assistant, tool, developer"),
+                                             ("sytem", "has role 'sytem' (did you mean 'system'?)")])
+def test_message_roles_are_checked(role, words, model_dir, tmp_path, capsys):  # noqa: F811
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "answer": str(i + 1)} for i in range(20)]
+    rows[4]["prompt"].insert(0, {"role": role, "content": "Be brief."})
+    path = data_file(tmp_path, "chat.jsonl", rows_jsonl(rows))
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
+                    capsys)
+    assert code == EXIT_USER and f"{path.name} line 5: message 0 of column 'prompt' {words}" in err, err

@@ -22,7 +22,8 @@ a test file, train rows whose prompt is also in the test file are dropped (logge
 
 Validated at load, before any model is loaded (RELIABILITY.md section 9): a missing column is a DataFileError (a
 ConfigError, so a ValueError) naming the column, the file and the columns it has; an empty prompt or answer, or a
-malformed conversation, names the row index (0-based) and the file. With `data.filter_long_prompts=true` empty prompts are
+malformed conversation or a message role no chat template knows (`sytem`), names the file and the line an editor
+shows (the row, counted from 1, for Parquet and Hub data). With `data.filter_long_prompts=true` empty prompts are
 kept as "" for `grpo.data.validate` to drop and count. Rewards are required (`reward.functions`): a file has no
 default reward. Held-out accuracy is "the first reward function gives its maximum" (`fn.max_reward`, default 1.0,
 which every built-in reward gives a correct answer).
@@ -52,6 +53,7 @@ __all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 # plain (uncompressed) .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
+ROLES = ("system", "user", "assistant", "tool", "developer")  # OpenAI's and the chat templates' message roles
 
 
 def read_table(path: str, *, subset: str | None = None, split: str = "train"):
@@ -197,6 +199,7 @@ class FileTask:
         self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
         self.reward_limits = dict(reward_limits or {})  # RewardRunner's timeout_s, max_abs, max_failure_frac
+        self._where: dict[str, str] = {}  # uid -> "file line N", for messages
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
         self._judge = self._specs[0]
@@ -255,8 +258,9 @@ class FileTask:
                                  "rename it" + (" or map it with data.answer_column=answer" if c == "answer" else ""))
         extra = others + ([self.answer_column] if self.answer_column not in (None, "answer") else [])
         out = []
+        lines = getattr(ds, "lines", None)  # a plain file's line of each row (grpo.data.tables); else row numbers
         for i, row in enumerate(ds):
-            where = f"{source} row {i}"
+            where = f"{source} line {lines[i]}" if lines else f"{source} row {i + 1}"  # as an editor / a viewer counts
             prompt = _prompt_value(row[self.prompt_column], where, self.prompt_column, self.keep_empty)
             answer = None
             if self.answer_column:
@@ -266,6 +270,7 @@ class FileTask:
                                      "or set data.answer_column=null if the rewards need no answer")
                 answer = str(answer) if isinstance(answer, (int, float)) else answer
             out.append((f"{source}:{i}", prompt, answer, {c: row[c] for c in extra}))
+            self._where[f"{source}:{i}"] = where
         return out
 
     def _drop_overlap(self) -> None:
@@ -285,7 +290,8 @@ class FileTask:
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
             done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
-                               templated=self._templated(prompt, uid)))  # a template wrote its special tokens
+                               templated=self._templated(prompt, uid),  # a template wrote its special tokens
+                               where=self._where.get(uid)))
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
@@ -390,6 +396,13 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise DataFileError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
                                  f"mapping: {m!r}")
+            if m["role"] not in ROLES:
+                import difflib
+
+                close = difflib.get_close_matches(m["role"], ROLES, 1)
+                raise DataFileError(f"{where}: message {j} of column {column!r} has role {m['role']!r}"
+                                    + (f" (did you mean {close[0]!r}?)" if close else "")
+                                    + f"; a chat template knows the roles {', '.join(ROLES)}")
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataFileError(f"{where}: column {column!r} must be text or a list of {{'role', 'content'}} messages, got "
                      f"{type(value).__name__}")
