@@ -87,10 +87,9 @@ def _train(args) -> int:
 def _eval(args) -> int:
     from grpo.config import ConfigError, load_config
     from grpo.data import task_from_config
-    from grpo.models.loading import load_tokenizer, resolve_device
+    from grpo.models.loading import load_causal_lm, load_tokenizer, resolve_device
     from grpo.train.episodes import env_limits
     from grpo.train.evaluate import evaluate_problems, test_problems
-    from transformers import AutoModelForCausalLM
 
     from grpo.models.checks import check_model_dir
 
@@ -115,7 +114,7 @@ def _eval(args) -> int:
 
         cfg.model.name = str(path)
         cfg, _ = model_defaults(cfg)
-    model = AutoModelForCausalLM.from_pretrained(path).to(resolve_device("auto"))
+    model = load_causal_lm(path).to(resolve_device("auto"))  # a damaged directory: ModelDirError, exit 2
     tokenizer = load_tokenizer(path)
     if args.task is not None:  # a built-in task instead of the run's own (its data set file, if it had one)
         cfg.data.task, cfg.data.path = args.task, None

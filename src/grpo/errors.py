@@ -8,6 +8,7 @@
     │   ├── ModelDirError                 a model or tokenizer directory that cannot be loaded
     │   ├── RewardOutputError             a reward function's output breaks the protocol (NaN, wrong count, ...)
     │   └── RunDirError                   a run directory (`grpo report`) that is not one
+    ├── DiskFullError                   no space left while writing a file (names the disk, the file, what is kept)
     └── RunStopped                      a run that ended before its last step, on purpose
         ├── HealthGuardError              a guard stopped a run that cannot learn (rewards missing, non-finite loss)
         └── Preempted                     SIGINT / SIGTERM: a checkpoint is committed, the run can be resumed
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError", "GrpoError",
+__all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError",
+           "DiskFullError", "GrpoError",
            "HealthGuardError", "MissingExtraError", "ModelDirError", "Preempted", "RewardOutputError", "RolloutWorkerError", "RunDirError",
            "RunStopped",
            "UserError"]
@@ -71,6 +73,11 @@ class RewardOutputError(UserError):
 
 class RunDirError(UserError, FileNotFoundError):
     """A directory given as a run directory that is not one (also a FileNotFoundError, as before)."""
+
+
+class DiskFullError(GrpoError):
+    """No space left on the device (ENOSPC, or a quota: EDQUOT) while grpo wrote a file. The message names the disk
+    (its mount point and free space), the file or directory, and what was kept (nothing is left half-written)."""
 
 
 class RunStopped(GrpoError):

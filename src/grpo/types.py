@@ -23,6 +23,8 @@ class Prompt:
     templated: True when `text` came out of a chat template, which wrote the model's special tokens (BOS) itself:
         it is tokenized without adding them again; plain text gets them as `tokenizer(text)` adds them
         (grpo.tokens holds the rule).
+    where: where the row is in its data file, as an editor shows it ("train.jsonl line 42"), for messages; None
+        for built-in tasks.
     """
 
     uid: str
@@ -30,6 +32,7 @@ class Prompt:
     answer: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     templated: bool = False
+    where: str | None = None
 
 
 @dataclass

@@ -63,12 +63,12 @@ def test_missing_column_names_the_column_and_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("bad,message", [
-    ({"prompt": "  ", "answer": "1"}, r"row 2: column 'prompt' \(the prompt\) is empty"),
-    ({"prompt": [], "answer": "1"}, r"row 2: column 'prompt' \(the prompt\) is empty"),
-    ({"prompt": "q", "answer": None}, r"row 2: column 'answer' \(the answer\) is empty"),
-    ({"prompt": [{"role": "user"}], "answer": "1"}, r"row 2: message 0 of column 'prompt'"),
+    ({"prompt": "  ", "answer": "1"}, r"line 3: column 'prompt' \(the prompt\) is empty"),
+    ({"prompt": [], "answer": "1"}, r"line 3: column 'prompt' \(the prompt\) is empty"),
+    ({"prompt": "q", "answer": None}, r"line 3: column 'answer' \(the answer\) is empty"),
+    ({"prompt": [{"role": "user"}], "answer": "1"}, r"line 3: message 0 of column 'prompt'"),
 ])
-def test_bad_rows_name_the_row_index_and_the_file(tmp_path, bad, message):
+def test_bad_rows_name_the_line_and_the_file(tmp_path, bad, message):
     good = {"prompt": [{"role": "user", "content": "q"}], "answer": "1"} if isinstance(bad["prompt"], list) \
         else {"prompt": "q", "answer": "1"}
     data = jsonl(tmp_path / "rows.jsonl", [good, good, bad, good])

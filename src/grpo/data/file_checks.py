@@ -184,11 +184,12 @@ def _lines(f: IO[bytes], shown: str) -> Iterator[tuple[int, str, bool]]:
         yield number, _decode(line, number, shown), line.endswith(b"\n")
 
 
-def _check_json(f: IO[bytes], shown: str, compression: str | None) -> None:
-    """A JSON array of objects, or JSON lines (one object per line)."""
+def _check_json(f: IO[bytes], shown: str, compression: str | None, lines_only: bool = False) -> None:
+    """A JSON array of objects, or JSON lines (one object per line); lines_only: JSON lines (a file that starts with
+    "[" but is not one array: its first row is an array, named as such, not as "Extra data")."""
     buffered = f if hasattr(f, "peek") else io.BufferedReader(f)
     head = buffered.peek(64)[:64].lstrip(b"\xef\xbb\xbf \t\r\n")
-    if head.startswith(b"["):
+    if head.startswith(b"[") and not lines_only:
         _check_json_array(buffered.read(), shown)
         return
     keys, rows = _Keys(shown), 0
@@ -253,6 +254,8 @@ def _check_json_array(data: bytes, shown: str) -> None:
     try:
         rows = _loads(text)
     except json.JSONDecodeError as e:
+        if e.msg == "Extra data":  # not one array but JSON lines whose first row is an array: name that row
+            _check_json(io.BufferedReader(io.BytesIO(data)), shown, None, lines_only=True)
         cut = e.lineno >= text.rstrip().count("\n") + 1  # on the last line: the file ends inside the array
         raise DataFileError(f"{shown} line {e.lineno}: not valid JSON ({_where_in_line(e)})"
                             + ("; the file ends in the middle of the array, so it was probably cut off" if cut

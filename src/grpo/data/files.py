@@ -22,7 +22,8 @@ a test file, train rows whose prompt is also in the test file are dropped (logge
 
 Validated at load, before any model is loaded (RELIABILITY.md section 9): a missing column is a DataFileError (a
 ConfigError, so a ValueError) naming the column, the file and the columns it has; an empty prompt or answer, or a
-malformed conversation, names the row index (0-based) and the file. With `data.filter_long_prompts=true` empty prompts are
+malformed conversation or a message role no chat template knows (`sytem`), names the file and the line an editor
+shows (the row, counted from 1, for Parquet and Hub data). With `data.filter_long_prompts=true` empty prompts are
 kept as "" for `grpo.data.validate` to drop and count. Rewards are required (`reward.functions`): a file has no
 default reward. Held-out accuracy is "the first reward function gives its maximum" (`fn.max_reward`, default 1.0,
 which every built-in reward gives a correct answer).
@@ -52,6 +53,7 @@ __all__ = ["DataFileError", "FileTask", "hash_fraction", "read_table"]
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 # plain (uncompressed) .jsonl/.json/.csv/.tsv are read by grpo.data.tables (no extra); the others by `datasets`
 RESERVED = ("prompts", "completions")  # the reward functions' positional arguments
+ROLES = ("system", "user", "assistant", "tool", "developer")  # OpenAI's and the chat templates' message roles
 
 
 def read_table(path: str, *, subset: str | None = None, split: str = "train"):
@@ -189,13 +191,15 @@ class FileTask:
                  answer_column: str | None = "answer", test_path: str | None = None, test_fraction: float = 0.1,
                  subset: str | None = None, split: str = "train", test_split: str | None = None,
                  tokenizer=None, tokenizer_loader: Callable[[], Any] | None = None, keep_empty: bool = False,
-                 plain_prompts: str = "auto"):
+                 plain_prompts: str = "auto", reward_limits: dict | None = None):
         if plain_prompts not in ("auto", "template", "raw"):
             raise DataFileError(f"data.plain_prompts must be auto, template or raw, got {plain_prompts!r}")
         self.path, self.prompt_column, self.answer_column = path, prompt_column, answer_column
         self.plain_prompts = plain_prompts
         self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
+        self.reward_limits = dict(reward_limits or {})  # RewardRunner's timeout_s, max_abs, max_failure_frac
+        self._where: dict[str, str] = {}  # uid -> "file line N", for messages
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
         self._judge = self._specs[0]
@@ -235,7 +239,9 @@ class FileTask:
         return cls(d.path, reward_functions=rewards, prompt_column=d.prompt_column, answer_column=d.answer_column,
                    test_path=d.test_path, test_fraction=d.test_fraction, subset=d.subset, split=d.split,
                    test_split=d.test_split, tokenizer=tokenizer, tokenizer_loader=tokenizer_loader,
-                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts)
+                   keep_empty=getattr(d, "filter_long_prompts", False), plain_prompts=d.plain_prompts,
+                   reward_limits={"timeout_s": cfg.reward.timeout_s, "max_abs": cfg.reward.max_abs,
+                                  "max_failure_frac": cfg.reward.max_failure_frac})
 
     # ------------------------------------------------------------------ reading and validation
     def _read(self, ds, source: str) -> list[tuple[str, Any, Any, dict]]:
@@ -252,8 +258,9 @@ class FileTask:
                                  "rename it" + (" or map it with data.answer_column=answer" if c == "answer" else ""))
         extra = others + ([self.answer_column] if self.answer_column not in (None, "answer") else [])
         out = []
+        lines = getattr(ds, "lines", None)  # a plain file's line of each row (grpo.data.tables); else row numbers
         for i, row in enumerate(ds):
-            where = f"{source} row {i}"
+            where = f"{source} line {lines[i]}" if lines else f"{source} row {i + 1}"  # as an editor / a viewer counts
             prompt = _prompt_value(row[self.prompt_column], where, self.prompt_column, self.keep_empty)
             answer = None
             if self.answer_column:
@@ -263,6 +270,7 @@ class FileTask:
                                      "or set data.answer_column=null if the rewards need no answer")
                 answer = str(answer) if isinstance(answer, (int, float)) else answer
             out.append((f"{source}:{i}", prompt, answer, {c: row[c] for c in extra}))
+            self._where[f"{source}:{i}"] = where
         return out
 
     def _drop_overlap(self) -> None:
@@ -282,7 +290,8 @@ class FileTask:
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
             done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
-                               templated=self._templated(prompt, uid)))  # a template wrote its special tokens
+                               templated=self._templated(prompt, uid),  # a template wrote its special tokens
+                               where=self._where.get(uid)))
         return done[:n]
 
     def render(self, prompt, uid: str = "") -> str:
@@ -328,11 +337,32 @@ class FileTask:
         """The rewards the task was built with (reward.functions), weight 1 each unless given."""
         return list(self._specs)
 
+    def is_correct_batch(self, prompts: list[Prompt], completions: list[str]) -> list[bool]:
+        """Whether the first reward function gives each completion its maximum (`fn.max_reward`, default 1),
+        called through grpo.rewards.RewardRunner as training calls it: a sample on which it raises, returns NaN/inf
+        or hangs past reward.timeout_s is missing (logged with the reason), so not correct; a wrong count or
+        a non-number is a RewardOutputError naming the function. The count of samples it could not judge is
+        logged (evaluation goes on whatever their share: reward.max_failure_frac is a training limit)."""
+        from grpo.rewards.runner import RewardRunner
+
+        name, fn, _weight, *options = self._judge
+        keys = sorted({k for p in prompts for k in p.meta})
+        columns = {"answer": [p.answer for p in prompts], **{k: [p.meta.get(k) for p in prompts] for k in keys}}
+        limits = {**self.reward_limits, "max_failure_frac": 1.0}  # judging goes on: a failed sample is not correct
+        with RewardRunner([(name, fn, 1.0, *options)], **limits) as runner:
+            res = runner([p.text for p in prompts], list(completions), columns)
+        values, status = res.per_function[name].tolist(), res.status[name]
+        failed = {c: status.count(c) for c in ("error", "timeout", "invalid") if status.count(c)}
+        if failed:
+            why = {"error": "raised", "timeout": "timed out", "invalid": "returned NaN/inf"}
+            log.warning("reward %r could not judge %d of %d held-out completions (%s); they count as not correct",
+                        name, sum(failed.values()), len(values),
+                        ", ".join(f"{why[c]} on {k}" for c, k in failed.items()))
+        top = float(getattr(fn, "max_reward", 1.0)) - 1e-9
+        return [v == v and v >= top for v in values]  # v != v: NaN, the sample is missing
+
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
-        fn = self._judge[1]
-        columns = {k: [v] for k, v in prompt.meta.items()}
-        value = fn([prompt.text], [completion], answer=[prompt.answer], **columns)[0]
-        return value is not None and float(value) >= float(getattr(fn, "max_reward", 1.0)) - 1e-9
+        return self.is_correct_batch([prompt], [completion])[0]
 
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
@@ -366,6 +396,13 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise DataFileError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
                                  f"mapping: {m!r}")
+            if m["role"] not in ROLES:
+                import difflib
+
+                close = difflib.get_close_matches(m["role"], ROLES, 1)
+                raise DataFileError(f"{where}: message {j} of column {column!r} has role {m['role']!r}"
+                                    + (f" (did you mean {close[0]!r}?)" if close else "")
+                                    + f"; a chat template knows the roles {', '.join(ROLES)}")
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataFileError(f"{where}: column {column!r} must be text or a list of {{'role', 'content'}} messages, got "
                      f"{type(value).__name__}")

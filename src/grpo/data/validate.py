@@ -43,7 +43,8 @@ def required_columns(fn) -> list[str]:
 
 
 def _row(split: str, i: int, p: Prompt) -> str:
-    return f"{split} row {i} (uid {p.uid!r})"
+    """'train row 3 (uid ...)', and for a data file row the line an editor shows: '..., train.jsonl line 5'."""
+    return f"{split} row {i} (uid {p.uid!r}" + (f", {p.where})" if p.where else ")")
 
 
 def _has(p: Prompt, column: str) -> bool:

@@ -10,7 +10,11 @@ Checked, in this order (cheap: headers and sizes, no tensor is read):
   readable header and is as long as its header says (a cut-off copy is caught here); a `pytorch_model.bin` is a
   readable zip archive (torch's format), which a cut-off file is not, whose pickle names only what torch's weights-only
   loader allows (read with pickletools, never unpickled: a payload is refused before anything loads it);
-- the tokenizer: tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json or vocab.txt.
+- the tokenizer: tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json or vocab.txt (tokenizer.json and
+  tokenizer_config.json, when there, must be readable JSON);
+- config.json names a model_type (or an auto_map), and the shape of every tensor in the safetensors headers is the
+  one config.json gives it (the model is built on torch's meta device: no memory, no weights read), so weights and
+  a config that do not belong together are named here, not as a loading traceback.
 """
 
 from __future__ import annotations
@@ -44,7 +48,48 @@ def check_model_dir(path: str | Path, *, field: str = "model.name", tokenizer: b
     if tokenizer and not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise ModelDirError(f"{where}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save it into the same "
                             "directory with tokenizer.save_pretrained(path)")
+    if tokenizer:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (p / name).is_file():
+                _check_json(p / name, where)
+    if not adapter:
+        _check_shapes(p, where)
     return p
+
+
+def _safetensors_shapes(file: Path) -> dict[str, list[int]]:
+    """{tensor name: shape} from a safetensors header (checked by check_safetensors)."""
+    with open(file, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n).decode("utf-8"))
+    return {k: list(v.get("shape", [])) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
+
+
+def _check_shapes(p: Path, where: str) -> None:
+    """ModelDirError naming the file and the tensor when a tensor's shape is not the one config.json gives it."""
+    files = sorted(p.glob("*.safetensors"))
+    if not files or "auto_map" in json.loads((p / "config.json").read_text(encoding="utf-8")):
+        return  # a model with its own code is built by that code (trust_remote_code), not here
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(p)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - a config transformers cannot build a model from
+        raise ModelDirError(f"{where}: {p / 'config.json'} does not describe a model transformers can build "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fix config.json or "
+                            "copy the directory again") from None
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    for file in files:
+        for name, shape in _safetensors_shapes(file).items():
+            if name in expected and expected[name] != shape:
+                keys = ", ".join(f"{k}={config.to_dict()[k]}" for k in ("hidden_size", "intermediate_size",
+                                 "num_hidden_layers", "vocab_size") if k in config.to_dict())
+                raise ModelDirError(f"{where}: {file} holds tensor {name!r} of shape {shape}, but config.json "
+                                    f"({keys}) gives it {expected[name]}: the weights and config.json do not belong "
+                                    "together; copy or save the model again")
 
 
 def _check_json(file: Path, where: str) -> None:
@@ -66,8 +111,11 @@ def _check_model_type(config: dict, file: Path, where: str) -> None:
     """ModelDirError when config.json names a model_type this transformers does not know (a model newer than the
     installed transformers, or a typo); models with their own code (auto_map) are left to transformers."""
     kind = config.get("model_type")
-    if not isinstance(kind, str) or "auto_map" in config:
+    if "auto_map" in config:
         return
+    if not isinstance(kind, str):
+        raise ModelDirError(f"{where}: {file} has no \"model_type\" (e.g. \"llama\"), so transformers cannot tell "
+                            "which model it is; add it, or save the model again with save_pretrained")
     import difflib
 
     import transformers

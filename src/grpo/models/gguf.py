@@ -15,12 +15,105 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from pathlib import Path
 
 from grpo.errors import MissingExtraError, ModelDirError
 from grpo.models.builtin import sha256_file
 
-__all__ = ["import_gguf", "gguf_model_dir"]
+__all__ = ["check_gguf", "import_gguf", "gguf_model_dir"]
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Short(Exception):
+    """The file ended inside its header."""
+
+
+class _Header:
+    """A cursor over a GGUF file's header (little-endian: the magic, version, tensor count, key/value count, the
+    key/values, then one info per tensor: name, dims, ggml type, offset from the data start)."""
+
+    def __init__(self, f, size: int):
+        self.f, self.size = f, size
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n)
+        if len(data) < n:
+            raise _Short()
+        return data
+
+    def unpack(self, fmt: str):
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("<Q")
+        if n > self.size:
+            raise _Short()
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            inner, count = self.unpack("<I"), self.unpack("<Q")
+            if count > self.size:
+                raise _Short()
+            return [self.value(inner) for _ in range(count)]
+        if kind not in _SCALARS:
+            raise ValueError(f"an unknown value type {kind}")
+        return self.unpack(_SCALARS[kind])
+
+
+def check_gguf(gguf: str | os.PathLike) -> None:
+    """ModelDirError naming the file unless it is a whole GGUF file: the magic, a header that ends inside the
+    file, and as many bytes as its tensors declare ("cut short at X of Y bytes" for an interrupted copy or
+    download). Reads the header only (the tensor sizes come from the gguf package's table of ggml types)."""
+    gguf = Path(gguf)
+    size = gguf.stat().st_size
+    again = "download or copy it again (an interrupted copy?)"
+    with open(gguf, "rb") as f:
+        head = _Header(f, size)
+        try:
+            if f.read(4) != b"GGUF":
+                raise ModelDirError(f"{gguf}: not a GGUF file (it does not start with the GGUF magic)")
+            version, tensors, kvs = head.unpack("<I"), head.unpack("<Q"), head.unpack("<Q")
+            if version < 2:
+                raise ModelDirError(f"{gguf}: GGUF version {version}; only versions 2 and 3 are read")
+            meta = {}
+            for _ in range(kvs):
+                key = head.string()
+                meta[key] = head.value(head.unpack("<I"))
+            infos = []
+            for _ in range(tensors):
+                name, dims = head.string(), head.unpack("<I")
+                shape = [head.unpack("<Q") for _ in range(dims)]
+                infos.append((name, shape, head.unpack("<I"), head.unpack("<Q")))
+            end_of_header = f.tell()
+        except _Short:
+            raise ModelDirError(f"{gguf} is cut short at {size} bytes, inside its header (it declares "
+                                f"{locals().get('tensors', '?')} tensors); {again}") from None
+        except (ValueError, struct.error) as e:
+            raise ModelDirError(f"{gguf}: an unreadable GGUF header ({e}); {again}") from None
+    try:
+        from gguf import GGML_QUANT_SIZES
+    except ImportError:
+        return  # the import itself says which package it needs
+    align = meta.get("general.alignment", 32) or 32
+    start = -(-end_of_header // align) * align
+    need = start
+    for name, shape, kind, offset in infos:
+        if kind not in GGML_QUANT_SIZES:
+            continue  # a type this gguf package does not know: transformers will say so
+        block, nbytes = GGML_QUANT_SIZES[kind]
+        count = 1
+        for d in shape:
+            count *= d
+        need = max(need, start + offset + count // block * nbytes)
+    if size < need:
+        raise ModelDirError(f"{gguf} is cut short at {size} of {need} bytes (its header declares {len(infos)} "
+                            f"tensors); {again}")
 
 
 def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -28,9 +121,7 @@ def import_gguf(gguf: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     gguf, out_dir = Path(gguf), Path(out_dir)
     if not gguf.is_file():
         raise ModelDirError(f"{gguf}: no such GGUF file")
-    with open(gguf, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ModelDirError(f"{gguf}: not a GGUF file (it does not start with the GGUF magic)")
+    check_gguf(gguf)  # the magic, the header, the declared sizes: "cut short at X of Y bytes"
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ModelDirError(f"{out_dir}: exists and is not an empty directory; choose a new directory to import into")
     try:

@@ -108,10 +108,28 @@ def model_directory(cfg, build: Callable[[Path], None] | None = None) -> Path:
     return check_model_dir(name, field="model.name")  # config, complete weights, tokenizer: ModelDirError if not
 
 
+def load_causal_lm(path: Path, **kwargs):
+    """AutoModelForCausalLM.from_pretrained(path, **kwargs); a directory it cannot load is a ModelDirError naming
+    it (check_model_dir has caught the known damage before; this is the net for the rest)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelDirError(f"the model in {path} cannot be loaded ({type(e).__name__}: {first}); the directory is "
+                            "damaged or not a causal language model: copy or save it again") from e
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelDirError(f"the tokenizer in {path} cannot be loaded ({type(e).__name__}: {first}); its "
+                            "tokenizer files are damaged: copy or save them again") from e
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -132,14 +150,12 @@ def model_tokenizer(cfg):
 def load_policy(cfg, path: Path):
     """(model, tokenizer) from the model directory `path` (see model_directory), on the configured device and
     dtype, with LoRA adapters when model.lora_rank > 0 (the frozen base in `frozen_dtype`)."""
-    from transformers import AutoModelForCausalLM
-
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
     if cfg.model.lora_rank > 0:  # the base never trains: it may be held leaner (peft keeps the adapters in float32)
         dtype = frozen_dtype(cfg, device, dtype)
     tokenizer = load_tokenizer(path)
-    model = to_dtype_lean(AutoModelForCausalLM.from_pretrained(path, dtype="auto"), dtype).to(device)
+    model = to_dtype_lean(load_causal_lm(path, dtype="auto"), dtype).to(device)  # read in the file's dtype
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = True

@@ -26,7 +26,7 @@ import torch
 log = logging.getLogger("grpo.models")
 
 __all__ = ["AdapterDisabledReference", "FrozenReference", "apply_lora", "frozen_copy", "is_peft", "merged_state_dict",
-           "reference_policy", "save_final", "unwrap"]
+           "reference_policy", "save_final", "unwrap", "check_target_modules"]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -53,18 +53,43 @@ def apply_lora(model, model_cfg):
         raise MissingExtraError("model.lora_rank > 0 needs peft: pip install 'grpo[lora]'") from e
     r = model_cfg.lora_rank
     targets = model_cfg.lora_target_modules
+    check_target_modules(model, targets)
     config = LoraConfig(r=r, lora_alpha=model_cfg.lora_alpha or 2 * r, lora_dropout=model_cfg.lora_dropout,
                         target_modules=targets, bias="none", task_type="CAUSAL_LM")
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:
+        from grpo.errors import ConfigError
+
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ValueError(f"model.lora_target_modules={targets!r} does not fit this model ({e}); its linear "
+        raise ConfigError(f"model.lora_target_modules={targets!r} does not fit this model ({e}); its linear "
                          f"layers are {names}") from e
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     log.info("LoRA r=%d alpha=%s on %s: %d of %d parameters train", r, config.lora_alpha, targets, trainable, total)
     return peft_model
+
+
+def check_target_modules(model, targets) -> None:
+    """ConfigError naming each entry of model.lora_target_modules (a list of module names, matched as peft does: the
+    last part(s) of a module's dotted name) that names no linear or embedding layer of `model`; peft itself would
+    keep a wrong name silently when another one matches. A string (a regex or "all-linear") or null goes to peft."""
+    if not isinstance(targets, (list, tuple)):
+        return
+    import difflib
+
+    from grpo.errors import ConfigError
+
+    layers = [n for n, m in model.named_modules()
+              if isinstance(m, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)) or type(m).__name__ == "Conv1D"]
+    bad = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in layers)]
+    if bad:
+        names = sorted({n.rsplit(".", 1)[-1] for n in layers})
+        hints = "".join(f" ({b!r}: did you mean {c[0]!r}?)" for b in bad
+                        if (c := difflib.get_close_matches(b.rsplit(".", 1)[-1], names, 1)))
+        raise ConfigError(f"model.lora_target_modules={list(targets)!r}: {', '.join(map(repr, bad))} "
+                          f"{'is' if len(bad) == 1 else 'are'} not a layer of this model{hints}; its linear and "
+                          f"embedding layers are {names}")
 
 
 class FrozenReference:

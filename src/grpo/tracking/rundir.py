@@ -5,18 +5,23 @@ the run directory `grpo report` reads. Each failure is one UserError naming the 
     check_output_file(path)   ConfigError unless a results file can be written there (checked before the work)
     write_text_atomic(path)   a file written whole or not at all (a temporary name, then a rename)
     check_run_dir(path)       RunDirError unless it is a readable grpo run directory
+    disk_full(err)            whether an error (or its cause) is "no space left" (ENOSPC / EDQUOT)
+    disk_full_message(path)   "the disk is full (...) on <mount>" naming the mount point, its free space and the path
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-from grpo.errors import ConfigError, RunDirError
+from grpo.errors import ConfigError, DiskFullError, RunDirError
 
-__all__ = ["check_output_dir", "check_output_file", "check_run_dir", "write_text_atomic"]
+__all__ = ["check_output_dir", "check_output_file", "check_run_dir", "disk_full", "disk_full_message",
+           "write_text_atomic"]
 
 FIELD = "train.output_dir (--output-dir)"
 
@@ -60,7 +65,8 @@ def check_output_file(path: str | Path, field: str = "--output") -> Path:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it."""
+    """Write `text` to `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it.
+    A full disk is a DiskFullError naming it (the temporary file removed, an older `path` untouched)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -69,9 +75,55 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if disk_full(e):
+            raise DiskFullError(f"{disk_full_message(path)}; nothing was written there") from e
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """Whether `err` or an error in its cause/context chain is "no space left on device" (or a disk quota). torch
+    reports a full disk as a RuntimeError ("unexpected pos", "file write failed"), so its text counts too."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL:
+            return True
+        if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def disk_full_message(path: str | Path) -> str:
+    """"the disk is full (No space left on device) on <mount point> (F free of T) while writing <path>"."""
+    p = Path(path).absolute()
+    here = p
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    mount = here
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        usage = shutil.disk_usage(here)
+        room = f" ({_size(usage.free)} free of {_size(usage.total)})"
+    except OSError:
+        room = ""
+    return f"the disk is full (No space left on device) on {mount}{room} while writing {p}"
 
 
 def check_run_dir(path: str | Path) -> Path:

@@ -26,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from grpo.errors import HealthGuardError, Preempted, RolloutWorkerError
+from grpo.errors import DiskFullError, HealthGuardError, Preempted, RolloutWorkerError
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
 from grpo.tracking.console import RunConsole
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
+from grpo.tracking.rundir import write_text_atomic
 from grpo.tracking.trackers import Trackers, open_trackers
 from grpo.train.checkpoint import CheckpointError, save_checkpoint
 from grpo.train.guards import RewardGuard, ZeroSpreadGuard
@@ -162,7 +163,8 @@ class _Run:
                                    keep_last=self.cfg.train.keep_checkpoints) if is_main() else None
         except CheckpointError as e:
             previous = newest_committed(self.run_dir)
-            msg = (f"the {why} checkpoint save at step {trainer.step_count} failed: {e.__cause__ or e}. "
+            why_not = e if getattr(e, "disk_full", False) else (e.__cause__ or e)  # the disk and the place
+            msg = (f"the {why} checkpoint save at step {trainer.step_count} failed: {why_not}. "
                    f"The previous checkpoint is intact: {previous or 'none (no committed checkpoint yet)'}")
             if why == "periodic" and self.cfg.train.on_save_error == "continue":
                 self.out(f"[grpo] warning: {msg}; training continues (train.on_save_error=continue)", soft_wrap=True)
@@ -284,7 +286,7 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
         guard = SyncedGuard(local_guard, trainer.dist)  # every rank stops at the same step
         state = resume_from_checkpoint(trainer, out) if resume else {}
         if main:
-            (run_dir / "config.yaml").write_text(cfg.to_yaml())
+            write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())  # a full disk: one message, no 0-byte file
         run = _Run(trainer, con, guard, state)
         for name in ("metrics.jsonl", "samples.jsonl") if main else ():
             repair_jsonl(run_dir / name, out)
@@ -328,13 +330,21 @@ def _finish(run: _Run) -> dict:
         run.save("final")
     final = run_dir / "final"
     from grpo.models.lora import save_final
+    from grpo.train.checkpoint.final import publish_dir
+
+    def write_final(tmp: Path) -> None:  # a fresh directory each time: exactly this step's model (issue #41)
+        save_final(trainer.policy, tmp, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter
+        trainer.tokenizer.save_pretrained(tmp)
 
     with run.clock.time("save"):
         gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
         if is_main():
-            final.mkdir(exist_ok=True)
-            save_final(trainer.policy, final, merged=cfg.model.save_merged, state_dict=gathered)  # LoRA: adapter
-            trainer.tokenizer.save_pretrained(final)
+            try:  # a full disk: retried once into a fresh directory, then one message (the checkpoint is kept)
+                publish_dir(final, write_final, what=f"the final model (step {trainer.step_count})", attempts=2,
+                            share_with=[newest_committed(run_dir), run_dir / "checkpoints" / "best"])
+            except DiskFullError as e:
+                raise DiskFullError(f"{e}. The last committed checkpoint is intact: {newest_committed(run_dir)}; "
+                                    f"free space, then write final/ with: {resume_command(run_dir)}") from e
     if run.acc_after is None:  # no evaluation at the last step (a run resumed there): the result is still measured
         run.acc_after = run.evaluate("test")
         if run.validates:
@@ -363,6 +373,9 @@ def _finish(run: _Run) -> dict:
 
         plot = plot_run(run_dir)[0]
     con.summary(summary, run_dir, plot)
+    from grpo.train.checkpoint.final import disk_report
+
+    con.print(disk_report(run_dir), soft_wrap=True)  # what the run wrote, and what can go (issue #42)
     barrier()  # several processes: the others leave once rank 0 has written everything
     return summary
 

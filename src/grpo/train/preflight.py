@@ -110,7 +110,7 @@ def measure(trainer, n_groups: int, start: int = 0) -> dict:
         "truncated_frac": float(rollouts.truncated.float().mean()),
         "zero_spread_frac": float(zero_std_groups(total, G).float().mean()),
         "all_same_reward": same if present.numel() == total.numel() else None,
-        "rewards": {name: _reward_stats(v) for name, v in scores.per_function.items()},
+        "rewards": {name: _reward_stats(v, scores.status.get(name)) for name, v in scores.per_function.items()},
         "logp_gap": gap,
         "prompt_len_mean": float(plen.mean()), "prompt_len_max": int(plen.max()),
         "completion_len_mean": float(lengths.mean()), "completion_len_max": int(lengths.max()),
@@ -133,14 +133,24 @@ def merge_batches(first: dict, more: dict) -> dict:
             "all_same_reward": same if same is not None and more["all_same_reward"] == same else None}
 
 
-def _reward_stats(values: torch.Tensor) -> dict:
-    """(N,) with NaN = missing -> {mean, min, max, missing_frac} (mean/min/max None when all are missing)."""
+_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
+           "invalid": "returned NaN/inf or a value past reward.max_abs"}
+
+
+def _reward_stats(values: torch.Tensor, status: list[str] | None = None) -> dict:
+    """(N,) with NaN = missing -> {mean, min, max, missing_frac[, why]} (mean/min/max None when all are missing); why,
+    when a sample is missing:
+    what the function did to its missing samples, from the runner's per-sample status ("returned None for 2,
+    raised for 6"), so a verdict never blames None for an exception, a NaN or a timeout."""
     v = values.float()
     present = v[~torch.isnan(v)]
+    counts = {c: (status or []).count(c) for c in _CAUSES}
+    why = ", ".join(f"{_CAUSES[c]} for {k}" for c, k in counts.items() if k) or _CAUSES["none"]
     if not present.numel():
-        return {"mean": None, "min": None, "max": None, "missing_frac": 1.0}
-    return {"mean": float(present.mean()), "min": float(present.min()), "max": float(present.max()),
-            "missing_frac": 1.0 - present.numel() / v.numel()}
+        return {"mean": None, "min": None, "max": None, "missing_frac": 1.0, "why": why}
+    out = {"mean": float(present.mean()), "min": float(present.min()), "max": float(present.max()),
+           "missing_frac": 1.0 - present.numel() / v.numel()}
+    return out | ({"why": why} if present.numel() < v.numel() else {})
 
 
 def _logp_gap(trainer, rollouts) -> float | None:
@@ -180,13 +190,20 @@ def judge(stats: dict) -> list[Verdict]:
         out.append(Verdict("warn", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
                                    f"rollout.max_new_tokens={_raise(mnt)}); cut-off answers usually score 0"))
     for name, r in s["rewards"].items():
-        if r["missing_frac"] >= 1.0:
+        why = r.get("why", _CAUSES["none"])
+        if r["missing_frac"] >= 1.0 and why.startswith(_CAUSES["none"]) and "," not in why:
             out.append(Verdict("fatal", f"reward {name!r} returned None for all {n} completions: it never "
                                         "recognises an answer; check its expected format against a completion: "
                                         f"{s['example'][:80]!r}"))
-        elif r["missing_frac"] >= 0.5:
+        elif r["missing_frac"] >= 1.0:
+            out.append(Verdict("fatal", f"reward {name!r} gave no value for any of the {n} completions: it {why} "
+                                        "(logged above); fix the function"))
+        elif r["missing_frac"] >= 0.5 and why.startswith(_CAUSES["none"]) and "," not in why:
             out.append(Verdict("warn", f"reward {name!r} returned None for {r['missing_frac']:.0%} of the "
                                        "completions (no signal for them): check its expected format"))
+        elif r["missing_frac"] >= 0.5:
+            out.append(Verdict("warn", f"reward {name!r} gave no value for {r['missing_frac']:.0%} of the "
+                                       f"completions (it {why}; no signal for them): fix the function"))
         elif r["min"] == r["max"] and len(s["rewards"]) > 1:
             out.append(Verdict("warn", f"reward {name!r} gave {r['min']:g} to all {n} completions: it adds no "
                                        "signal; a format mismatch? compare its expected format with a completion: "

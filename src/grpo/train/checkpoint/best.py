@@ -4,8 +4,8 @@ A run's last model is not always its best (the default run once went 0.178 -> 0.
 end). Each validation evaluation that beats every earlier one (the one before training included) writes the policy
 to `checkpoints/best/` (`save_pretrained` model + tokenizer, loadable by `AutoModelForCausalLM.from_pretrained`, like
 `final/`) with `best.json` = {"step", "eval/val_accuracy", "eval/accuracy"}: the validation accuracy it was chosen by,
-and its accuracy on the test problems (measured once it was chosen, never used to choose). The directory is written under a temporary name and renamed
-into place, so a kill leaves the previous best intact. `train.keep_checkpoints` never deletes it: rotation touches
+and its accuracy on the test problems (measured once it was chosen, never used to choose). The directory is written fresh under a temporary name and renamed
+into place (final.py), so a kill leaves the previous best intact and no file of an older best survives. `train.keep_checkpoints` never deletes it: rotation touches
 `step-N` directories only. When no training step beats the starting model, there is no `best/` and the summary's
 `eval/best_step` is 0 (the model of `model.name`).
 """
@@ -13,8 +13,6 @@ into place, so a kill leaves the previous best intact. `train.keep_checkpoints` 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 BEST_DIR = "best"
@@ -32,24 +30,22 @@ def read_best(run_dir: Path) -> dict | None:
 
 def save_best(policy, tokenizer, run_dir: Path, step: int, val_accuracy: float, test_accuracy: float, *,
               merged: bool = False, state_dict: dict | None = None) -> Path:
-    """Write `policy` (+ tokenizer) as run_dir/checkpoints/best, replacing the previous best atomically.
+    """Write `policy` (+ tokenizer) as run_dir/checkpoints/best, replacing the previous best atomically: a fresh
+    directory swapped in (grpo.train.checkpoint.final.publish_dir), its weights hard-linked to final/'s or the last
+    step checkpoint's when identical.
 
     state_dict: the gathered full state dict under FSDP (grpo.parallel.full_state_dict), else None.
     """
     from grpo.models.lora import save_final
+    from grpo.train.checkpoint.final import publish_dir
 
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-best-*"):  # left by a kill during an earlier save
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp, final = root / f".tmp-best-{os.getpid()}", best_dir(run_dir)
-    save_final(policy, tmp, merged=merged, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "best.json").write_text(json.dumps({"step": step, "eval/val_accuracy": val_accuracy,
-                                               "eval/accuracy": test_accuracy}))
-    aside = root / f".tmp-best-old-{os.getpid()}"
-    if final.exists():
-        os.rename(final, aside)
-    os.rename(tmp, final)
-    shutil.rmtree(aside, ignore_errors=True)
-    return final
+    def write(tmp: Path) -> None:
+        save_final(policy, tmp, merged=merged, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "best.json").write_text(json.dumps({"step": step, "eval/val_accuracy": val_accuracy,
+                                                   "eval/accuracy": test_accuracy}))
+
+    run_dir = Path(run_dir)
+    steps = sorted((run_dir / "checkpoints").glob("step-*"))
+    return publish_dir(best_dir(run_dir), write, what=f"the best model (step {step})",
+                       share_with=[run_dir / "final", *steps[-1:]])

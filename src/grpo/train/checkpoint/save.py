@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from grpo.models.lora import unwrap
+from grpo.tracking.rundir import disk_full, disk_full_message
 from grpo.train.checkpoint.files import (
     _NAME,
     _STALE_PREFIXES,
@@ -42,6 +43,7 @@ from grpo.train.checkpoint.files import (
     _save_model,
     step_dir_name,
 )
+from grpo.train.checkpoint.final import link_identical, make_readable
 from grpo.train.checkpoint.load import Checkpoint, _committed, _verify, latest_checkpoint, load_checkpoint
 from grpo.train.checkpoint.rng_state import capture_rng_state, restore_rng_state
 
@@ -174,6 +176,8 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
         tmp.mkdir()
         manifest = _write_contents(tmp, step, model, tokenizer, optimizers, schedulers, extra_models,
                                    state_json)
+        make_readable(tmp)  # 0644 like the run's other files (transformers writes its weights 0600)
+        link_identical(tmp, [Path(run_dir) / "final", root / "best"])  # the same weights stored once (issue #42)
         manifest["files"] = _file_table(tmp)
         _fsync_tree(tmp)
         _fault_hook("before_marker")
@@ -187,6 +191,11 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, propagate as is
             raise
+        if disk_full(e):
+            err = CheckpointError(f"saving checkpoint step {step} to {final} failed: {disk_full_message(final)}; "
+                                  "nothing half-written is left, earlier checkpoints are untouched")
+            err.disk_full = True
+            raise err from e
         raise CheckpointError(f"saving checkpoint step {step} to {final} failed: {type(e).__name__}: {e}") from e
     _fault_hook("after_rename")
     logger.info("saved checkpoint %s", final)
