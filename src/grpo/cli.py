@@ -18,6 +18,22 @@ EPILOG = """examples:
   grpo warmup --task code --output /tmp/warm   rebuild a built-in warm model (the shipped ones need no warm-up)
 """
 
+OWN_DATA = """your own model and data:
+  grpo import-gguf model.gguf models/mine      a GGUF file as a model directory (or model.name=model.gguf)
+  grpo train model.name=models/mine data.path=qa.jsonl data.prompt_column=question data.answer_column=solution \\
+      reward.functions=[exact_answer]          a JSONL file whose rows have a `question` and a `solution`
+  grpo train model.name=models/mine data.path=qa.jsonl reward.functions=[my_rewards.py:accuracy]
+                                               a reward function of your own: FILE.py:FUNCTION, TRL's signature
+                                               fn(prompts, completions, **columns) -> list[float | None]
+"""
+
+
+def _presets_line() -> str:
+    """'grpo (default), cispo, code, ...': every packaged preset (grpo/presets/*.yaml), for the help texts."""
+    from grpo.config.load import list_presets
+
+    return ", ".join(["grpo (default)"] + [p for p in list_presets() if p != "grpo"])
+
 
 def _train(args) -> int:
     from grpo.config import ConfigError, list_presets, load_config, preset_summary
@@ -200,12 +216,15 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    presets = _presets_line()
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO (and PPO) for causal language models.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"{EPILOG}\npresets (grpo train PRESET; grpo train --list-presets says what "
+                                            f"each changes):\n  {presets}\n")
     sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train with GRPO (or a preset: deepseekmath, dapo, dr_grpo, gspo, rloo, ppo)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    t.add_argument("preset", nargs="?", help="preset name or config.yaml (default: grpo)")
+    t = sub.add_parser("train", help=f"train with GRPO, or a preset: {presets}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"{EPILOG}\n{OWN_DATA}")
+    t.add_argument("preset", nargs="?", help=f"preset name or config.yaml; presets: {presets}")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. rollout.group_size=16")
     t.add_argument("--output-dir", help="run directory (default runs/<preset>-<time>)")
     t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint in --output-dir "
@@ -279,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error (also GRPO_DEBUG=1)")
-    for p in (t, e, c, b, r):  # also after the command: `grpo train ... --debug`
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for p in sub.choices.values():  # every command takes it after its name too: `grpo train ... --debug`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an error (also GRPO_DEBUG=1)")
     return parser
 
 
