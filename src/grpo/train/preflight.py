@@ -7,7 +7,7 @@ because of a format mismatch, a sampler that does not compute the trainer's poli
 functions), and `judge` turns the numbers into verdicts with the setting to change:
 
     fatal  the run cannot learn from what was sampled (every reward identical, a reward always missing,
-           nearly every completion truncated)
+           most completions truncated with most groups zero-spread: cut-off answers score alike)
     warn   it may learn slowly or wrongly (most groups zero-spread, a reward constant over every sample,
            many truncated or missing, a large sampler/trainer log-prob gap, empty completions)
     ok     healthy: said in one line with the numbers
@@ -171,7 +171,7 @@ def judge(stats: dict) -> list[Verdict]:
     s, out = stats, []
     n, mnt = s["groups"] * s["group_size"], s["max_new_tokens"]
     trunc = s["truncated_frac"]
-    if trunc >= 0.9 and s["zero_spread_frac"] >= 0.5:  # cut off, and the cut-off answers give no signal
+    if trunc >= 0.5 and s["zero_spread_frac"] >= 0.5:  # most cut off, and the cut-off answers give no signal
         out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
                                     f"rollout.max_new_tokens={_raise(mnt)}), or check that the model can emit its "
                                     f"end-of-sequence token; cut off, {s['zero_spread_frac']:.0%} of the groups have "

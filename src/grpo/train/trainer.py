@@ -31,7 +31,7 @@ from grpo.rollout.factory import build_engine
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
-from grpo.train.defaults import print_note, report_defaults, small_model_lr
+from grpo.train.defaults import lr_note, print_note, report_defaults
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.train.evaluate import evaluate_model, held_out_pool, split_held_out
@@ -103,9 +103,9 @@ class Trainer:
             print_note("data.plain_prompts=auto: the model's tokenizer has a chat template, so each plain-text prompt "
                        "is one user turn through it, as the model sees a question at inference (evaluation and "
                        "rewards see the same text); data.plain_prompts=raw feeds the text as it is", console)
-        lr_note = small_model_lr(cfg, default_notes, sum(p.numel() for p in self.policy.parameters()))  # before the
-        if lr_note is not None:  # optimizer is built: a model under 200M parameters learns at 1e-5 (train/defaults.py)
-            print_note(lr_note, console)
+        note = lr_note(cfg, default_notes, sum(p.numel() for p in self.policy.parameters()))  # final before the
+        if note is not None:  # optimizer is built: a model under 200M parameters learns at 1e-5 (train/defaults.py)
+            print_note(note, console)
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
         self.device = next(self.policy.parameters()).device
