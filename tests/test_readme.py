@@ -85,16 +85,17 @@ def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tm
     shipped = heldout_accuracy(load_config(None, ["eval.n=20"]), builtin.SHIPPED_DIR / "arithmetic")["accuracy"]
     before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
     assert before == shipped
-    assert cells["test accuracy"] == f"{before:.3f} -> {after:.3f}  ({after - before:+.3f}) on 20 problems"
-    assert cells["best (validation)"] == (f"step {summary['eval/best_step']}: test {summary['eval/accuracy_best']:.3f},"
+    se = lambda p: f"{p:.3f} ± {(p * (1 - p) / 20) ** 0.5:.3f}"  # noqa: E731 (20 test problems: with its standard error)
+    assert cells["test accuracy"] == f"{se(before)} -> {se(after)}  ({after - before:+.3f}) on 20 problems"
+    assert cells["best (validation)"] == (f"step {summary['eval/best_step']}: test {se(summary['eval/accuracy_best'])},"
                                           f" validation {summary['eval/val_accuracy_best']:.3f}")
     assert cells["steps"] == "2"
     out_dir = tmp_path / "run"
     assert cells["run directory"] == str(out_dir) and cells["plot"] == str(out_dir / "plots" / "training.png")
     assert (out_dir / "plots" / "training.png").is_file()
     first = json.loads((out_dir / "metrics.jsonl").read_text().splitlines()[0])
-    assert f"accuracy before training: test {before:.3f} on 20 problems, validation {first['eval/val_accuracy']:.3f} " \
-           f"on 200" in proc.stdout
+    assert f"accuracy before training: test {se(before)} on 20 problems, validation {first['eval/val_accuracy']:.3f} " \
+           f"on 200 (± one standard error: fewer than 100 problems)" in proc.stdout
     trained = (out_dir / "final" / "model.safetensors").read_bytes()
     assert trained != (builtin.SHIPPED_DIR / "arithmetic" / "model.safetensors").read_bytes()  # RL changed it
 

@@ -110,6 +110,7 @@ def _eval(args) -> int:
 
     from grpo.models.checks import check_model_dir
 
+    from grpo.tracking.console import SMALL_N, standard_error
     from grpo.tracking.rundir import check_output_file, write_text_atomic
 
     path = check_model_dir(args.model_dir, field="model_dir")  # missing, no config, weights cut short, no tokenizer
@@ -151,7 +152,8 @@ def _eval(args) -> int:
         write_text_atomic(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         out["output"] = args.output
     passes = "".join(f", {k} {v:.4f}" for k, v in res.items() if k.startswith("pass@"))
-    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} (greedy){passes} on {res['n']} "
+    se = (f" ± {standard_error(res['accuracy'], res['n']):.4f} (one standard error)" if res["n"] < SMALL_N else "")
+    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f}{se} (greedy){passes} on {res['n']} "
                                             "held-out problems")
     return 0
 

@@ -1,14 +1,33 @@
 """Console output: a progress bar (step, reward, accuracy, tokens/s, ETA), the seed-style group print-out,
-warnings, and the closing summary. Without a terminal it prints one plain line every few steps instead."""
+warnings, and the closing summary. Without a terminal it prints one plain line every few steps instead, and the
+summary table as wide as its longest value (a log has no width to wrap to).
+
+An accuracy measured on fewer than SMALL_N problems is printed with its standard error (accuracy_text)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+
+SMALL_N = 100  # below this many problems an accuracy's noise is worth printing beside it
+
+
+def standard_error(accuracy: float, n: int) -> float:
+    """The standard error of an accuracy measured on n problems: the binomial sqrt(p (1 - p) / n)."""
+    return math.sqrt(accuracy * (1.0 - accuracy) / n) if n > 0 else float("nan")
+
+
+def accuracy_text(accuracy: float, n: int | None) -> str:
+    """'0.389 ± 0.115' on fewer than SMALL_N problems (± one standard error), else '0.560'."""
+    if n is None or n >= SMALL_N:
+        return f"{accuracy:.3f}"
+    return f"{accuracy:.3f} ± {standard_error(accuracy, n):.3f}"
 
 
 class RunConsole:
@@ -20,6 +39,7 @@ class RunConsole:
         self._progress = None
         self._task = None
         self._last_plain = 0.0
+        self.val_n: int | None = None  # validation problems: the step line's accuracy gets its standard error
 
     def print(self, *args, **kwargs) -> None:
         if self._progress is not None:
@@ -38,7 +58,7 @@ class RunConsole:
         self._progress.start()
 
     def update(self, step: int, metrics: dict, accuracy: float | None) -> None:
-        acc = f"{accuracy:.3f}" if accuracy is not None else "-"
+        acc = accuracy_text(accuracy, self.val_n) if accuracy is not None else "-"
         stats = (f"reward {metrics.get('reward/mean', float('nan')):.3f}  val acc {acc}  "
                  f"{metrics.get('perf/gen_tokens_per_s', 0):.0f} tok/s")
         if self._progress is not None:
@@ -75,12 +95,16 @@ class RunConsole:
     def summary(self, summary: dict, run_dir, plot_path) -> None:
         table = Table(title="grpo train: done", show_header=False)
         before, after = summary.get("eval/accuracy_before"), summary.get("eval/accuracy_after")
+        n, val_n = summary.get("eval/n"), summary.get("eval/val_n")
+        small = n is not None and n < SMALL_N or val_n is not None and 0 < val_n < SMALL_N
         if before is not None and after is not None:
-            table.add_row("test accuracy", f"{before:.3f} -> {after:.3f}  ({after - before:+.3f}) on "
-                                            f"{summary.get('eval/n')} problems")
+            table.add_row("test accuracy", f"{accuracy_text(before, n)} -> {accuracy_text(after, n)}  "
+                                            f"({after - before:+.3f}) on {n} problems")
         if summary.get("eval/best_step") is not None:
             table.add_row("best (validation)", f"step {summary['eval/best_step']}: test "
-                          f"{summary['eval/accuracy_best']:.3f}, validation {summary['eval/val_accuracy_best']:.3f}")
+                          f"{accuracy_text(summary['eval/accuracy_best'], n)}, validation "
+                          f"{accuracy_text(summary['eval/val_accuracy_best'], val_n)}"
+                          + (f" on {val_n} problems" if val_n is not None and val_n < SMALL_N else ""))
         table.add_row("steps", str(summary.get("steps")))
         from grpo.tracking.clock import breakdown
         from grpo.tracking.progress import format_duration
@@ -90,4 +114,22 @@ class RunConsole:
         table.add_row("run directory", str(run_dir))
         if plot_path:
             table.add_row("plot", str(plot_path))
-        self.print(table)
+        if small:
+            table.caption = (f"± one standard error, sqrt(p (1 - p) / n), on fewer than {SMALL_N} problems: "
+                             "accuracies closer than about two of them may differ by chance")
+        self.print_wide(table)
+
+    def print_wide(self, renderable) -> None:
+        """Print `renderable` as wide as it needs when there is no terminal (a log): no value wrapped or cut."""
+        if self.console.is_terminal:
+            self.print(renderable)
+            return
+        from rich.measure import Measurement
+
+        width = self.console.width
+        need = Measurement.get(self.console, self.console.options.update(width=10_000), renderable).maximum
+        self.console.width = max(width, need)
+        try:
+            self.print(renderable)
+        finally:
+            self.console.width = width

@@ -30,7 +30,7 @@ from grpo.errors import HealthGuardError, Preempted, RolloutWorkerError
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
-from grpo.tracking.console import RunConsole
+from grpo.tracking.console import SMALL_N, RunConsole, accuracy_text
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
 from grpo.tracking.trackers import Trackers, open_trackers
@@ -301,11 +301,15 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
                 if run.validates:
                     run.accuracy = row["eval/val_accuracy"] = run.evaluate("val")
                     run.note_accuracy(0, run.accuracy, run.acc_before)
-                out(f"[grpo] accuracy before training: test {run.acc_before:.3f} on {len(trainer.eval_prompts)} "
-                    f"problems" + (f", validation {run.accuracy:.3f} on {len(trainer.val_prompts)}"
-                                   if run.validates else " (no validation problems: eval.val_n=0)"), soft_wrap=True)
+                n, val_n = len(trainer.eval_prompts), len(trainer.val_prompts)
+                out(f"[grpo] accuracy before training: test {accuracy_text(run.acc_before, n)} on {n} problems"
+                    + (f", validation {accuracy_text(run.accuracy, val_n)} on {val_n}" if run.validates
+                       else " (no validation problems: eval.val_n=0)")
+                    + (f" (± one standard error: fewer than {SMALL_N} problems)" if min(n, val_n or n) < SMALL_N
+                       else ""), soft_wrap=True)
                 metrics_file.write(row)
                 run.trackers.log(row)
+            con.val_n = len(trainer.val_prompts)  # the step line's validation accuracy: its standard error
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
                 run.step(metrics_file, samples_file)

@@ -28,6 +28,7 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
+from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
@@ -108,6 +109,9 @@ class Trainer:
             print_note(note, console)
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
+        note = held_out_note(cfg, len(held_out), len(self.eval_prompts), len(self.val_prompts))
+        if note is not None:
+            print_note(note, console)
         self.device = next(self.policy.parameters()).device
         # None at beta = 0, and in rollout.mode=async (the worker holds it and sends pi_ref's log-probs with each
         # batch); LoRA: the adapter-disabled policy
@@ -261,6 +265,23 @@ def rollout_source(trainer: Trainer, model_dir):
     from grpo.train.async_rollouts import AsyncRollouts
 
     return AsyncRollouts(trainer, model_dir)
+
+
+def held_out_note(cfg: Config, pool: int, n: int, val_n: int) -> str | None:
+    """The note when the data has fewer held-out problems than eval.n (test) and eval.val_n (validation) ask for,
+    with the numbers the run will use; None when both are met."""
+    if n >= cfg.eval.n and val_n >= cfg.eval.val_n:
+        return None
+    more = (" (more: raise data.test_fraction or give data.test_path)" if cfg.data.path is not None else "")
+    return (f"eval.n={cfg.eval.n} and eval.val_n={cfg.eval.val_n} ask for {cfg.eval.n + cfg.eval.val_n} held-out "
+            f"problems, and the data has {pool}{more}: this run tests on {n} and validates on {val_n}; an accuracy "
+            f"on fewer than {SMALL_N} problems is printed with its standard error (± sqrt(p (1 - p) / n), "
+            f"{_worst_se(min(n, val_n or n)):.3f} at worst here)")
+
+
+def _worst_se(n: int) -> float:
+    """The largest standard error of an accuracy on n problems (at p = 0.5)."""
+    return (0.25 / max(n, 1)) ** 0.5
 
 
 def default_run_dir(cfg: Config) -> Path:
