@@ -31,7 +31,7 @@ Which value wins, for each key:
   3. otherwise the table above.
 
 The learning rate's note is printed once, when its value is final (lr_note, after the model is loaded: a small
-model's rate depends on its size), with what the warm-up does to it in a run shorter than optim.warmup_steps.
+model's rate depends on its size), with the rate it peaks at in a run shorter than its linear ramp (optim.warmup_steps).
 """
 
 from __future__ import annotations
@@ -135,13 +135,13 @@ def report_defaults(cfg, console=None) -> tuple[object, list[str]]:
 def lr_note(cfg, notes: list[str], num_params: int) -> str | None:
     """The one note on the learning rate, once its value is final: small_model_lr's (which sets it, in place) or
     the table's from `notes`, and, when the run has fewer updates than optim.warmup_steps, the rate it peaks at
-    instead; None when there is nothing to say (the user's rate, reached)."""
+    instead; None for a rate the user set (or the built-in model's): nothing was announced."""
     note = small_model_lr(cfg, notes, num_params) or next((n for n in notes if n.startswith("optim.lr=")), None)
     updates, warm = cfg.train.steps * cfg.algo.epochs, cfg.optim.warmup_steps
-    if updates < warm:  # the linear warm-up (train/optim.py) reaches update k's factor (k + 1) / warm
-        short = (f"the warm-up (optim.warmup_steps={warm}) is longer than this run's {updates} updates, so the rate "
-                 f"peaks at {_num(cfg.optim.lr * updates / warm)}: lower optim.warmup_steps to reach it")
-        note = (f"{note[:-1]}; {short})" if note else f"optim.lr={_num(cfg.optim.lr)}: {short}")
+    if note is not None and updates < warm:  # the linear ramp (train/optim.py): update k's factor is (k + 1) / warm
+        note = (f"{note[:-1]}; its linear ramp (optim.warmup_steps={warm}) is longer than this run's {updates} "
+                f"updates, so the rate peaks at {_num(cfg.optim.lr * updates / warm)}: lower optim.warmup_steps to "
+                "reach it)")
     return note
 
 
