@@ -79,10 +79,12 @@ def _train(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C while the data and the model load: no run has started, nothing is saved
         raise InterruptedBeforeTraining from None
     if args.preflight:  # the check alone: exit 3 (EXIT_HEALTH) when the run cannot learn
-        from grpo.train.preflight import run_preflight
+        from grpo.tracking.progress import Phase
+        from grpo.train.preflight import preflight_batches, run_preflight
 
         try:
-            report = run_preflight(trainer)
+            with Phase("preflight", preflight_batches(trainer), "batches (at most)", console=trainer.console) as ph:
+                report = run_preflight(trainer, progress=ph.update)
         finally:
             trainer.close()
         print("\n".join(report.lines()))

@@ -6,13 +6,18 @@ An accuracy measured on fewer than SMALL_N problems is printed with its standard
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import threading
 import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from grpo.tracking import progress
+from grpo.tracking.progress import Phase, format_duration
 
 
 SMALL_N = 100  # below this many problems an accuracy's noise is worth printing beside it
@@ -40,6 +45,10 @@ class RunConsole:
         self._task = None
         self._last_plain = 0.0
         self.val_n: int | None = None  # validation problems: the step line's accuracy gets its standard error
+        self._step, self._step_t0 = 0, time.time()  # the last finished step, and when the next one began
+        self._phases = 0  # phases running (each prints its own lines in a log)
+        self._beat: threading.Thread | None = None
+        self._stop_beat = threading.Event()
 
     def print(self, *args, **kwargs) -> None:
         if self._progress is not None:
@@ -48,7 +57,12 @@ class RunConsole:
             self.console.print(*args, **kwargs)
 
     def start(self, first_step: int = 0) -> None:
+        self._step, self._step_t0 = first_step, time.time()
         if not self.interactive:
+            if self.enabled and self._beat is None:  # a log: a line while a long step runs (see _heartbeat)
+                self._last_plain = time.time()
+                self._beat = threading.Thread(target=self._heartbeat, name="progress: steps", daemon=True)
+                self._beat.start()
             return
         self._progress = Progress(
             TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[stats]}"),
@@ -61,22 +75,43 @@ class RunConsole:
         acc = accuracy_text(accuracy, self.val_n) if accuracy is not None else "-"
         stats = (f"reward {metrics.get('reward/mean', float('nan')):.3f}  val acc {acc}  "
                  f"{metrics.get('perf/gen_tokens_per_s', 0):.0f} tok/s")
+        self._step, self._step_t0 = step, time.time()
         if self._progress is not None:
             self._progress.update(self._task, completed=step, stats=stats)
-        elif self.enabled and (time.time() - self._last_plain > 5 or step == self.total
-                                                                         or "eval/val_accuracy" in metrics):
+        elif self.enabled and (time.time() - self._last_plain >= progress.LOG_EVERY_S or step == self.total
+                               or "eval/val_accuracy" in metrics):
             self._last_plain = time.time()
             print(f"[grpo] step {step}/{self.total}  {stats}", file=sys.stdout, flush=True)
 
+    def _heartbeat(self) -> None:
+        """In a log: when a step runs past progress.LOG_EVERY_S with no line (a large model's step takes minutes),
+        say so, unless a phase (an evaluation) is printing its own lines."""
+        while not self._stop_beat.wait(progress.LOG_EVERY_S / 4):
+            now = time.time()
+            if self._phases == 0 and now - self._last_plain >= progress.LOG_EVERY_S and self._step < self.total:
+                self._last_plain = now
+                print(f"[grpo] step {self._step + 1}/{self.total} running, "
+                      f"{format_duration(now - self._step_t0)} into it", file=sys.stdout, flush=True)
+
+    @contextlib.contextmanager
     def phase(self, name: str, total: int | None = None, unit: str = ""):
         """A long phase's progress (grpo.tracking.progress.Phase): a row of the live step bar when it runs, else
-        a bar of its own in a terminal, or a line every few seconds in a log."""
-        from grpo.tracking.progress import Phase
-
-        return Phase(name, total, unit, console=self.console, live=self._progress, enabled=self.enabled,
-                     fields={"stats": unit})
+        a bar of its own in a terminal, or a line every progress.LOG_EVERY_S seconds in a log."""
+        self._phases += 1
+        try:
+            with Phase(name, total, unit, console=self.console, live=self._progress, enabled=self.enabled,
+                       fields={"stats": unit}) as ph:
+                yield ph
+        finally:
+            self._phases -= 1
+            self._last_plain = time.time()
 
     def stop(self) -> None:
+        if self._beat is not None:
+            self._stop_beat.set()
+            self._beat.join()
+            self._beat = None
+            self._stop_beat.clear()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -107,7 +142,6 @@ class RunConsole:
                           + (f" on {val_n} problems" if val_n is not None and val_n < SMALL_N else ""))
         table.add_row("steps", str(summary.get("steps")))
         from grpo.tracking.clock import breakdown
-        from grpo.tracking.progress import format_duration
 
         parts = breakdown(summary)
         table.add_row("wall time", format_duration(summary.get("wall_s", 0)) + (f" ({parts})" if parts else ""))

@@ -295,7 +295,8 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
         run.trackers = open_trackers(cfg, run_dir, enabled=main)  # log.trackers (+ log.tensorboard)
         try:
             if run.acc_before is None:
-                _preflight(trainer, out)  # train.preflight: a cheap check that the run can learn (RNG untouched)
+                with run.clock.time("preflight"):  # train.preflight: can the run learn? (RNG untouched)
+                    _preflight(trainer, con)
                 run.acc_before = run.evaluate("test")
                 row = {"step": 0, "eval/accuracy": run.acc_before}  # the curves start here
                 if run.validates:
@@ -376,16 +377,18 @@ def _quiet():
     return Console(quiet=True)
 
 
-def _preflight(trainer, out) -> None:
-    """train.preflight (stop | warn | off): grpo.train.preflight before step 1 of a fresh run; its RNG use is undone."""
+def _preflight(trainer, con: RunConsole) -> None:
+    """train.preflight (stop | warn | off): grpo.train.preflight before step 1 of a fresh run, with its progress; its
+    RNG use is undone."""
     mode = trainer.cfg.train.preflight
     if mode == "off":
         return
-    from grpo.train.preflight import PreflightError, run_preflight
+    from grpo.train.preflight import PreflightError, preflight_batches, run_preflight
 
-    report = run_preflight(trainer)
+    with con.phase("preflight", preflight_batches(trainer), "batches (at most)") as ph:
+        report = run_preflight(trainer, progress=ph.update)
     for line in report.lines():
-        out(line, soft_wrap=True)
+        con.print(line, soft_wrap=True)
     if report.fatal and mode == "stop":
         raise PreflightError("the preflight found that this run cannot learn (see the verdicts above); fix the "
                              "setting it names, or set train.preflight=warn to train anyway")

@@ -248,17 +248,28 @@ def cannot_learn_hint(builtin_model: bool, override: str = "train.preflight=warn
             f"(rollout.group_size); or {override} to train anyway.")
 
 
-def run_preflight(trainer) -> PreflightReport:
-    """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
-    report is fatal on every rank when it is on one."""
+def preflight_batches(trainer) -> int:
+    """The most batches of train.preflight_groups prompts run_preflight samples (it stops early once two prompts
+    show a reward spread)."""
     cfg = trainer.cfg
-    n = cfg.train.preflight_groups
+    return max(min(cfg.train.preflight_batches, len(trainer.train_prompts) // cfg.train.preflight_groups), 1)
+
+
+def run_preflight(trainer, progress=None) -> PreflightReport:
+    """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
+    report is fatal on every rank when it is on one. `progress(done, total)` after each batch (the total: the
+    batches sampled, once the check stops early)."""
+    n = trainer.cfg.train.preflight_groups
     stats = measure(trainer, n)
-    more = min(cfg.train.preflight_batches, len(trainer.train_prompts) // n) - 1
+    more = preflight_batches(trainer) - 1
     for k in range(1, more + 1):  # under two prompts with a spread: more prompts before calling it fatal
         if stats["spread_groups"] >= MIN_SPREAD_GROUPS or _reward_missing(stats):
             break
+        if progress is not None:
+            progress(k, more + 1)
         stats = merge_batches(stats, measure(trainer, n, start=k * n))
+    if progress is not None:
+        progress(stats["batches"], stats["batches"])
     report = PreflightReport(stats, judge(stats))
     if trainer.dist.enabled and trainer.dist.any(report.fatal) and not report.fatal:
         report.verdicts.insert(0, Verdict("fatal", "another process's preflight found that the run cannot learn"))

@@ -30,6 +30,7 @@ from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
 from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
+from grpo.tracking.progress import Phase
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
 from grpo.train.defaults import lr_note, print_note, report_defaults
@@ -95,7 +96,8 @@ class Trainer:
         prepare_code_rewards(reward_specs, self.train_prompts, cfg.reward.sandbox)
         t_model = time.perf_counter()
         path, self.model_source = policy_directory(cfg, self.task, console)  # the built-in model: shipped or warm-up
-        self.policy, self.tokenizer = load_policy(cfg, path)
+        with Phase("loading the model", console=console if self.dist.rank == 0 else None):  # a log: a line a 10 s
+            self.policy, self.tokenizer = load_policy(cfg, path)
         self.model_s = time.perf_counter() - t_model  # summary.json: time/model_s
         if console is not None and self.dist.rank == 0:
             console.print(f"[grpo] model {cfg.model.name} ({self.model_source}: {path}) loaded in {self.model_s:.1f} s",
