@@ -355,7 +355,7 @@ def _interrupt_message(e: KeyboardInterrupt) -> str:
 
 def _error_exit(e: Exception) -> tuple[int | None, str]:
     """(exit code, one-line message) of an error grpo raises on purpose; (None, "") for anything else.
-    The codes are grpo.errors' (README "Exit codes"): 2 bad input, 3 a health guard, 130/143 a signal, 1 else."""
+    The codes are grpo.errors' (docs/cli.md "Exit codes"): 2 bad input, 3 a health guard, 130/143 a signal, 1 else."""
     from grpo.errors import GrpoError, Preempted, UserError
     from grpo.rewards import RewardFunctionError
     from grpo.train.checkpoint import CheckpointError
