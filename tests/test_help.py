@@ -23,7 +23,8 @@ def _help(argv: list[str], capsys) -> str:
 def test_top_level_help_names_every_packaged_preset(capsys):
     import grpo
 
-    presets = sorted(p.stem for p in (Path(grpo.__file__).parent / "presets").glob("*.yaml"))  # the files, not list_presets()
+    # the preset files themselves, not list_presets()
+    presets = sorted(p.stem for p in (Path(grpo.__file__).parent / "presets").glob("*.yaml"))
     assert {"cispo", "code", "tools", "dapo", "ppo"} <= set(presets)
     text = _help(["--help"], capsys)
     missing = [p for p in presets if f" {p}," not in text and f" {p} " not in text and not text.endswith(f" {p}")]

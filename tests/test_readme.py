@@ -92,7 +92,7 @@ def test_quick_start_runs_from_the_shipped_model_and_prints_the_readme_fields(tm
     shipped = heldout_accuracy(load_config(None, ["eval.n=20"]), builtin.SHIPPED_DIR / "arithmetic")["accuracy"]
     before, after = summary["eval/accuracy_before"], summary["eval/accuracy_after"]
     assert before == shipped
-    se = lambda p: f"{p:.3f} ± {(p * (1 - p) / 20) ** 0.5:.3f}"  # noqa: E731 (20 test problems: with its standard error)
+    se = lambda p: f"{p:.3f} ± {(p * (1 - p) / 20) ** 0.5:.3f}"  # noqa: E731 (20 test problems: the standard error)
     assert cells["test accuracy"] == f"{se(before)} -> {se(after)}  ({after - before:+.3f}) on 20 problems"
     assert cells["best (validation)"] == (f"step {summary['eval/best_step']}: test {se(summary['eval/accuracy_best'])},"
                                           f" validation {summary['eval/val_accuracy_best']:.3f}")

@@ -143,12 +143,17 @@ def _eval(args) -> int:
     task = task_from_config(cfg, tokenizer=tokenizer)
     n = args.n if args.n is not None else cfg.eval.n
     temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
-    res, rows = evaluate_problems(model, tokenizer, task, test_problems(task, n, cfg.eval.val_n),
-                                  batch_size=cfg.eval.batch_size,
-                                  max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                                  max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
-                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                  **env_limits(cfg))
+    problems = test_problems(task, n, cfg.eval.val_n)
+    from rich.console import Console
+
+    from grpo.tracking.progress import Phase
+
+    with Phase("evaluating", len(problems), "problems", console=Console(stderr=True, highlight=False)) as ph:
+        res, rows = evaluate_problems(model, tokenizer, task, problems, batch_size=cfg.eval.batch_size,
+                                      max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                                      max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
+                                      temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                                      progress=ph.update, **env_limits(cfg))  # progress on stderr: --json stays clean
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem, written whole or not at all (its path was checked before the work)
         write_text_atomic(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

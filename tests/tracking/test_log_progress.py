@@ -81,3 +81,22 @@ def test_the_preflight_shows_progress_in_a_log_and_is_a_part_of_the_wall_time(tm
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["time/preflight_s"] >= 0.4  # at least one reward call of 0.4 s
     assert "preflight " in out.split("grpo train: done", 1)[1]  # the summary's wall time names the part
+
+
+def test_grpo_eval_shows_progress_on_stderr_and_keeps_its_json_clean(tmp_path, monkeypatch, capsys):
+    from helpers.tiny_hf import save_tiny_model
+
+    import grpo.train.evaluate as evaluate
+    from grpo.cli import main
+
+    def slow(model, tokenizer, task, prompts, progress=None, **kw):
+        time.sleep(0.7)  # one slow batch
+        progress(len(prompts), len(prompts))
+        return {"accuracy": 0.5, "n": len(prompts)}, []
+
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.2)
+    monkeypatch.setattr(evaluate, "evaluate_problems", slow)
+    assert main(["eval", str(save_tiny_model(tmp_path / "model")), "--n", "8", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["accuracy"] == 0.5  # stdout: the JSON alone
+    assert "[grpo] evaluating: 0/8 problems (0%)" in captured.err

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 import torch
 
 PARTS = ("model", "preflight", "eval", "rl_steps", "save")
-LABELS = {"model": "model", "preflight": "preflight", "eval": "evaluations", "rl_steps": "RL steps", "save": "saving", "other": "other"}
+LABELS = {"model": "model", "preflight": "preflight", "eval": "evaluations", "rl_steps": "RL steps", "save": "saving",
+          "other": "other"}
 
 
 class RunClock:
