@@ -195,7 +195,10 @@ def _warmup(args) -> int:
                   f"{recipe['built_on']['warmup_s']:.0f} s on {recipe['built_on']['cpu']})", soft_wrap=True)
     if "heldout" in recipe:
         h = recipe["heldout"]
-        console.print(f"[grpo] held-out accuracy {h['accuracy']:.3f} on {h['n']} problems ({h['metric']})")
+        from grpo.tracking.console import accuracy_text  # ± one standard error on fewer than 100 problems
+
+        console.print(f"[grpo] held-out accuracy {accuracy_text(h['accuracy'], h['n'])} on {h['n']} problems "
+                      f"({h['metric']})")
     shipped = shipped_model_dir(recipe["spec"])
     if shipped is not None and shipped.resolve() != out.resolve():
         same = (shipped / "model.safetensors").exists() and sha256_file(shipped / "model.safetensors") == recipe["sha256"]
