@@ -1,7 +1,7 @@
 """Issue 22, row by row, through the real `grpo` entry point (`grpo.cli.main` in this process, or a subprocess for
 the signal cases): every bad input ends in one message naming the file, line, field or function, exit code 2 and
 no traceback; a run that cannot learn stops with exit code 3; SIGINT / SIGTERM exit 130 / 143 after committing a
-checkpoint; 0 only when the run finished all its steps. The exit codes are those README.md documents."""
+checkpoint; 0 only when the run finished all its steps. The exit codes are those docs/cli.md documents."""
 
 from __future__ import annotations
 
@@ -308,8 +308,8 @@ def test_debug_flag_and_env_print_the_traceback(model_dir, tmp_path, capsys, mon
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_readme_documents_the_exit_codes():
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_document_the_exit_codes():
+    text = (ROOT / "docs" / "cli.md").read_text()
     section = text[text.index("## Exit codes"):]
     section = section[:section.index("\n## ", 4)]
     table = dict(re.findall(r"^\| `?(\d+)`? \| (.+?) \|$", section, flags=re.M))

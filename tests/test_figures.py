@@ -54,6 +54,8 @@ SOURCES = {
 }
 
 README = "README.md"
+GUIDE = "docs/guide.md"  # the README's long version: the default run, presets, your own data and model
+TASKS_DOC = "docs/tasks.md"  # the code and tools tasks
 README_RUNS = "bench/results/readme_figures.json"
 TOOLS_RUN = "bench/results/tools_figures.json"
 ARITHMETIC_RECIPE = "src/grpo/models/weights/arithmetic/recipe.json"
@@ -153,9 +155,9 @@ def _block_mb(chunk: int, vocab: int = 151_936) -> float:
 
 
 def _learning_row(label: str, config: str, source: str = LEARNING, note: str = "", **derived) -> F:
-    """A row of the README's table of the learning benchmark: mean ± sample std over the seeds of one config."""
+    """A row of docs/guide.md's table of the learning benchmark: mean ± sample std over the seeds of one config."""
     sel = f"results[config={config}]"
-    return F(README, source, f"| {label} | {{pm({sel}.after):.3f}} | {{pm({sel}.per_1k):+.4f}}{note} | "
+    return F(GUIDE, source, f"| {label} | {{pm({sel}.after):.3f}} | {{pm({sel}.per_1k):+.4f}}{note} | "
                              f"{{pm({sel}.per_cpu_min):+.4f}} | {{max({sel}.max_drop):.3f}} |", **derived)
 
 
@@ -184,47 +186,48 @@ def _mean_of(d, key: str, config: str | None = None) -> float:
 
 
 FIGURES = [
-    # README.md: the default run (bench/readme_figures.py), the shipped models' recipes, the learning benchmark
-    F(README, README_RUNS, "Measured on an {machine.cpu} ({machine.cores} cores, `lscpu`'s model name) on {date:.10}, "
+    # docs/guide.md (the README's long version): the default run (bench/readme_figures.py), the shipped models'
+    # recipes, the learning benchmark; docs/tasks.md: the code and tools tasks
+    F(GUIDE, README_RUNS, "Measured on an {machine.cpu} ({machine.cores} cores, `lscpu`'s model name) on {date:.10}, "
                            "each run alone (load average {machine.load_before[0]:.1f} before and "
                            "{machine.load_after[0]:.1f} after"),
-    F(README, README_RUNS, f"test accuracy {{mean({SEEDS}.eval/accuracy_before):.3f}} -> "
+    F(GUIDE, README_RUNS, f"test accuracy {{mean({SEEDS}.eval/accuracy_before):.3f}} -> "
                            f"{{ppm({SEEDS}.eval/accuracy_after):.3f}} (mean ± population std) on {{runs[0].eval/n}} "
                            f"problems, a first launch in {{min({SEEDS}.wall_s)!d}} to {{max({SEEDS}.wall_s)!d}}; the "
                            f"model kept in `checkpoints/best/` (chosen on the {{runs[0].eval/val_n}} validation "
                            f"problems) scored {{ppm({SEEDS}.eval/accuracy_best):.3f}} on the test problems"),
-    F(README, ARITHMETIC_RECIPE, "records how long it took here: {built_on.warmup_s:,.0f} s, {built_on.warmup_s!d}, "
+    F(GUIDE, ARITHMETIC_RECIPE, "records how long it took here: {built_on.warmup_s:,.0f} s, {built_on.warmup_s!d}, "
                                  "on a shared 2-core machine"),
-    F(README, LEARNING, "warmed up to {results[0].before:.3f} greedy accuracy on {args.eval_n} held-out problems"),
+    F(GUIDE, LEARNING, "warmed up to {results[0].before:.3f} greedy accuracy on {args.eval_n} held-out problems"),
     _learning_row("default (`grpo`)", "default"),
     _learning_row("`dapo`", "dapo", note=" ({completions:.1f}x the completions, resampling)",
                   completions=lambda d: _mean_of(d, "completions", "dapo") / _mean_of(d, "completions", "default")),
     _learning_row("`dr_grpo`", "dr_grpo"),
     _learning_row("`examples/grpo_minimal.py`", "minimal"),
     _learning_row("default at `optim.lr=1e-5`", "default_lr1e-5", LEARNING_1E5),
-    F(README, LEARNING, "the largest drop of any seed is {max(results[config=default].max_drop):.3f}, "
+    F(GUIDE, LEARNING, "the largest drop of any seed is {max(results[config=default].max_drop):.3f}, "
                         "{drop_problems} problems in {args.eval_n}). Per 1,000 completions it is ahead of both presets "
                         "in every seed; per minute it is ahead on the means and ties `dapo` seed by seed (ahead in "
                         "{ahead} of {len(results[config=dapo])})",
       drop_problems=lambda d: round(max(r["max_drop"] for r in d["results"] if r["config"] == "default") * 500),
       ahead=lambda d: _seed_wins(d, "per_cpu_min", "default", "dapo")),
-    F(README, LEARNING_1E5, "1e-5 learned {ratio:.1f}x as much per completion, with drops up to "
+    F(GUIDE, LEARNING_1E5, "1e-5 learned {ratio:.1f}x as much per completion, with drops up to "
                             "{max(results.max_drop):.3f}",
       ratio=lambda d: _mean_of(d, "per_1k") / _mean_of(load(LEARNING), "per_1k", "default")),
-    F(README, CODE_RECIPE, "records its test accuracy, {heldout.accuracy:.3f} on {heldout.n} held-out problems, and "
+    F(TASKS_DOC, CODE_RECIPE, "records its test accuracy, {heldout.accuracy:.3f} on {heldout.n} held-out problems, and "
                            "its warm-up time here, {built_on.warmup_s:,.0f} s"),
-    F(README, TOOLS_RECIPE, "records greedy test accuracy {heldout.accuracy:.3f} on {heldout.n} problems, "
+    F(TASKS_DOC, TOOLS_RECIPE, "records greedy test accuracy {heldout.accuracy:.3f} on {heldout.n} problems, "
                             "{heldout.tool_use_frac:.0%} of them calling the tool"),
-    F(README, TOOLS_RECIPE, "machine, {built_on.warmup_s!d}. GRPO has to find out"),
-    F(README, TOOLS_RUN, "on the 2-core {machine.cpu} with other work starting beside it (load average "
+    F(TASKS_DOC, TOOLS_RECIPE, "machine, {built_on.warmup_s!d}. GRPO has to find out"),
+    F(TASKS_DOC, TOOLS_RUN, "on the 2-core {machine.cpu} with other work starting beside it (load average "
                          "{machine.load_before[0]:.1f} before, {machine.load_after[0]:.1f} after"),
-    F(README, TOOLS_RUN, "| test accuracy (greedy, {runs[0].eval/n} problems) | {runs[0].eval/accuracy_before:.3f} | "
+    F(TASKS_DOC, TOOLS_RUN, "| test accuracy (greedy, {runs[0].eval/n} problems) | {runs[0].eval/accuracy_before:.3f} | "
                          "{runs[0].eval/accuracy_after:.3f} |"),
-    F(README, TOOLS_RUN, "| training episodes that call the tool (first and last step) | "
+    F(TASKS_DOC, TOOLS_RUN, "| training episodes that call the tool (first and last step) | "
                          "{runs[0].env/tool_use_frac_first:.0%} | {runs[0].env/tool_use_frac_last:.0%} |"),
-    F(README, TOOLS_RUN, "| wall time | | {runs[0].wall_s!d} (RL steps {runs[0].time/rl_steps_s!d}, evaluations "
+    F(TASKS_DOC, TOOLS_RUN, "| wall time | | {runs[0].wall_s!d} (RL steps {runs[0].time/rl_steps_s!d}, evaluations "
                          "{runs[0].time/eval_s!d}, model {runs[0].time/model_s!d}) |"),
-    F(README, "bench/results/versus_trl_smollm2.json", "{ours_over_trl.step_s:.2f}x TRL's seconds per step on this "
+    F(GUIDE, "bench/results/versus_trl_smollm2.json", "{ours_over_trl.step_s:.2f}x TRL's seconds per step on this "
                                                        "model"),
     # bench/README.md: grpo bench (latest.json), its real-vocabulary part (vocab.json, vocab_train.json), --versus-trl
     F(BENCH, LATEST, "3 repeats ({wall_s:.0f} s in the latest run)"),
@@ -546,7 +549,7 @@ FIGURES = [
     F(BENCH, LEARN_TRL, "| test gain per CPU-minute | {ours} | {trl} |",
       ours=_trl_cell("ours", "gain_per_cpu_min_test", ".3f", bold=True),
       trl=_trl_cell("trl", "gain_per_cpu_min_test", ".3f")),
-    F(README, LEARN_TRL, "test accuracy {before.test.accuracy:.3f} -> {summary.ours.after_test.mean:.3f} ± "
+    F(GUIDE, LEARN_TRL, "test accuracy {before.test.accuracy:.3f} -> {summary.ours.after_test.mean:.3f} ± "
                          "{summary.ours.after_test.std:.3f} over seeds {summary.ours.seeds[0]}, "
                          "{summary.ours.seeds[1]}, {summary.ours.seeds[2]} (TRL's GRPOTrainer with the same CPU time: "
                          "{summary.trl.after_test.mean:.3f} ± {summary.trl.after_test.std:.3f})"),
@@ -657,10 +660,10 @@ def test_the_quick_start_output_is_the_seed_0_run_of_the_readme_figures():
 
 
 def test_a_doc_number_that_differs_from_its_file_by_more_than_its_rounding_is_reported():
-    """The check itself, on a copy of the README: the load average after the runs, 2.3 in the file's rounding (2.30),
-    written as 2.4 is reported with the file's value; written as the file's 2.3 it passes."""
+    """The check itself, on a copy of docs/guide.md: the load average after the runs, 2.3 in the file's rounding
+    (2.30), written as 2.4 is reported with the file's value; written as the file's 2.3 it passes."""
     (figure,) = [f for f in FIGURES if f.source == README_RUNS and "load average" in f.text]
-    doc = (ROOT / README).read_text()
+    doc = (ROOT / GUIDE).read_text()
     after = f"{load(README_RUNS)['machine']['load_after'][0]:.1f}"
     quoted = f"{after} after"
     assert doc.count(quoted) == 1 and misquoted(figure, doc) == []

@@ -18,6 +18,22 @@ EPILOG = """examples:
   grpo warmup --task code --output /tmp/warm   rebuild a built-in warm model (the shipped ones need no warm-up)
 """
 
+OWN_DATA = """your own model and data:
+  grpo import-gguf model.gguf models/mine      a GGUF file as a model directory (or model.name=model.gguf)
+  grpo train model.name=models/mine data.path=qa.jsonl data.prompt_column=question data.answer_column=solution \\
+      reward.functions=[exact_answer]          a JSONL file whose rows have a `question` and a `solution`
+  grpo train model.name=models/mine data.path=qa.jsonl reward.functions=[my_rewards.py:accuracy]
+                                               a reward function of your own: FILE.py:FUNCTION, TRL's signature
+                                               fn(prompts, completions, **columns) -> list[float | None]
+"""
+
+
+def _presets_line() -> str:
+    """'grpo (default), cispo, code, ...': every packaged preset (grpo/presets/*.yaml), for the help texts."""
+    from grpo.config.load import list_presets
+
+    return ", ".join(["grpo (default)"] + [p for p in list_presets() if p != "grpo"])
+
 
 def _train(args) -> int:
     from grpo.config import ConfigError, list_presets, load_config, preset_summary
@@ -63,10 +79,12 @@ def _train(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C while the data and the model load: no run has started, nothing is saved
         raise InterruptedBeforeTraining from None
     if args.preflight:  # the check alone: exit 3 (EXIT_HEALTH) when the run cannot learn
-        from grpo.train.preflight import run_preflight
+        from grpo.tracking.progress import Phase
+        from grpo.train.preflight import preflight_batches, run_preflight
 
         try:
-            report = run_preflight(trainer)
+            with Phase("preflight", preflight_batches(trainer), "batches (at most)", console=trainer.console) as ph:
+                report = run_preflight(trainer, progress=ph.update)
         finally:
             trainer.close()
         print("\n".join(report.lines()))
@@ -93,6 +111,7 @@ def _eval(args) -> int:
 
     from grpo.models.checks import check_model_dir
 
+    from grpo.tracking.console import SMALL_N, standard_error
     from grpo.tracking.rundir import check_output_file, write_text_atomic
 
     path = check_model_dir(args.model_dir, field="model_dir")  # missing, no config, weights cut short, no tokenizer
@@ -123,18 +142,24 @@ def _eval(args) -> int:
     task = task_from_config(cfg, tokenizer=tokenizer)
     n = args.n if args.n is not None else cfg.eval.n
     temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
-    res, rows = evaluate_problems(model, tokenizer, task, test_problems(task, n, cfg.eval.val_n),
-                                  batch_size=cfg.eval.batch_size,
-                                  max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                                  max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
-                                  temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                  **env_limits(cfg))
+    problems = test_problems(task, n, cfg.eval.val_n)
+    from rich.console import Console
+
+    from grpo.tracking.progress import Phase
+
+    with Phase("evaluating", len(problems), "problems", console=Console(stderr=True, highlight=False)) as ph:
+        res, rows = evaluate_problems(model, tokenizer, task, problems, batch_size=cfg.eval.batch_size,
+                                      max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                                      max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
+                                      temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                                      progress=ph.update, **env_limits(cfg))  # progress on stderr: --json stays clean
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem, written whole or not at all (its path was checked before the work)
         write_text_atomic(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         out["output"] = args.output
     passes = "".join(f", {k} {v:.4f}" for k, v in res.items() if k.startswith("pass@"))
-    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f} (greedy){passes} on {res['n']} "
+    se = (f" ± {standard_error(res['accuracy'], res['n']):.4f} (one standard error)" if res["n"] < SMALL_N else "")
+    print(json.dumps(out) if args.json else f"accuracy {res['accuracy']:.4f}{se} (greedy){passes} on {res['n']} "
                                             "held-out problems")
     return 0
 
@@ -169,7 +194,10 @@ def _warmup(args) -> int:
                   f"{recipe['built_on']['warmup_s']:.0f} s on {recipe['built_on']['cpu']})", soft_wrap=True)
     if "heldout" in recipe:
         h = recipe["heldout"]
-        console.print(f"[grpo] held-out accuracy {h['accuracy']:.3f} on {h['n']} problems ({h['metric']})")
+        from grpo.tracking.console import accuracy_text  # ± one standard error on fewer than 100 problems
+
+        console.print(f"[grpo] held-out accuracy {accuracy_text(h['accuracy'], h['n'])} on {h['n']} problems "
+                      f"({h['metric']})")
     shipped = shipped_model_dir(recipe["spec"])
     if shipped is not None and shipped.resolve() != out.resolve():
         same = (shipped / "model.safetensors").exists() and sha256_file(shipped / "model.safetensors") == recipe["sha256"]
@@ -199,12 +227,15 @@ def _report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    presets = _presets_line()
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO (and PPO) for causal language models.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"{EPILOG}\npresets (grpo train PRESET; grpo train --list-presets says what "
+                                            f"each changes):\n  {presets}\n")
     sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train with GRPO (or a preset: deepseekmath, dapo, dr_grpo, gspo, rloo, ppo)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
-    t.add_argument("preset", nargs="?", help="preset name or config.yaml (default: grpo)")
+    t = sub.add_parser("train", help=f"train with GRPO, or a preset: {presets}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"{EPILOG}\n{OWN_DATA}")
+    t.add_argument("preset", nargs="?", help=f"preset name or config.yaml; presets: {presets}")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. rollout.group_size=16")
     t.add_argument("--output-dir", help="run directory (default runs/<preset>-<time>)")
     t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint in --output-dir "
@@ -286,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error (also GRPO_DEBUG=1)")
-    for p in (t, e, c, b, r):  # also after the command: `grpo train ... --debug`
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for p in sub.choices.values():  # every command takes it after its name too: `grpo train ... --debug`
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an error (also GRPO_DEBUG=1)")
     return parser
 
 
@@ -338,7 +370,7 @@ def _interrupt_message(e: KeyboardInterrupt) -> str:
 
 def _error_exit(e: Exception) -> tuple[int | None, str]:
     """(exit code, one-line message) of an error grpo raises on purpose; (None, "") for anything else.
-    The codes are grpo.errors' (README "Exit codes"): 2 bad input, 3 a health guard, 130/143 a signal, 1 else."""
+    The codes are grpo.errors' (docs/cli.md "Exit codes"): 2 bad input, 3 a health guard, 130/143 a signal, 1 else."""
     from grpo.errors import GrpoError, Preempted, UserError
     from grpo.rewards import RewardFunctionError
     from grpo.train.checkpoint import CheckpointError

@@ -80,8 +80,12 @@ def test_the_wall_time_parts_add_up():
     clock = RunClock({"eval": 2.0})  # resumed: the saved parts carry on
     clock.add("model", 1.5)
     clock.add("rl_steps", 30.0)
+    clock.add("preflight", 1.25)
     summary = clock.summary(40.0)
-    assert summary == {"time/model_s": 1.5, "time/eval_s": 2.0, "time/rl_steps_s": 30.0, "time/save_s": 0.0,
-                       "time/other_s": 6.5}
-    assert breakdown(summary) == "model 1.5 s, evaluations 2.0 s, RL steps 30 s, saving 0.0 s, other 6.5 s"
+    assert summary == {"time/model_s": 1.5, "time/preflight_s": 1.25, "time/eval_s": 2.0, "time/rl_steps_s": 30.0,
+                       "time/save_s": 0.0, "time/other_s": 5.25}
+    assert breakdown(summary) == ("model 1.5 s, preflight 1.2 s, evaluations 2.0 s, RL steps 30 s, saving 0.0 s, "
+                                  "other 5.2 s")
+    old = {k: v for k, v in summary.items() if k != "time/preflight_s"}  # a summary.json written before the part
+    assert breakdown(old) == "model 1.5 s, evaluations 2.0 s, RL steps 30 s, saving 0.0 s, other 5.2 s"
     assert RunClock(clock.state_dict()).summary(40.0) == summary

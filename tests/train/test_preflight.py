@@ -42,6 +42,10 @@ def test_truncation_verdicts_name_the_setting_and_a_value():
     v = judge(stats(truncated_frac=0.92, zero_spread_frac=0.25))  # cut off but still informative (a length reward)
     assert levels(v) == ["warn"] and "92% of completions hit rollout.max_new_tokens=32: raise it" in v[0].text
     assert levels(judge(stats(truncated_frac=0.5))) == ["warn"]
+    v = judge(stats(truncated_frac=0.88, zero_spread_frac=0.5))  # issue 42: 88% cut off, then rewards of 0.000
+    assert levels(v)[0] == "fatal" and "88% of completions hit rollout.max_new_tokens=32: raise it (e.g. " \
+                                      "rollout.max_new_tokens=128)" in v[0].text
+    assert levels(judge(stats(truncated_frac=0.5, zero_spread_frac=0.5)))[0] == "fatal"  # most: half and more
     assert levels(judge(stats(truncated_frac=0.49))) == ["ok"]
 
 

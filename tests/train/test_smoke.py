@@ -103,12 +103,13 @@ def test_report_is_self_contained(run, capsys):
 
 def test_summary_wall_time_counts_the_model_and_shows_its_parts(run):
     summary = json.loads((run / "summary.json").read_text())
-    parts = {k: summary[f"time/{k}_s"] for k in ("model", "eval", "rl_steps", "save", "other")}
+    parts = {k: summary[f"time/{k}_s"] for k in ("model", "preflight", "eval", "rl_steps", "save", "other")}
     assert all(v >= 0 for v in parts.values())
-    measured = parts["model"] + parts["eval"] + parts["rl_steps"] + parts["save"]
+    measured = parts["model"] + parts["preflight"] + parts["eval"] + parts["rl_steps"] + parts["save"]
     assert 0 < measured <= summary["wall_s"] + 1e-3  # the parts lie inside the wall time, the model load included
     assert abs(sum(parts.values()) - summary["wall_s"]) < 0.01
     assert summary["model_source"] == "warm-up" and parts["model"] > 0  # warmup.steps=0: built (untrained) now
+    assert parts["preflight"] > 0  # train.preflight=warn: its own part, not "other"
     steps = [r["perf/step_s"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["step"] > 0]
     assert parts["rl_steps"] >= sum(steps) * 0.99  # the RL part holds every step's own time
     console = (run / "console.txt").read_text()

@@ -31,7 +31,8 @@ DEFAULT_OUTPUT = "bench/results/async_rollouts.json"
 # --model DIR (a real model, e.g. SmolLM2-135M-Instruct): the shape of `grpo bench --versus-trl --learn` (P=4, G=8,
 # T=32, no warm-up; 200 test problems), 20 steps, and the two modes the comparison needs (a step is ~50x the
 # built-in model's, so sync_1thread is left out)
-MODEL_EXTRA = ["rollout.prompts_per_step=4", "optim.warmup_steps=0", "eval.n=200"]
+MODEL_EXTRA = ["rollout.prompts_per_step=4", "rollout.max_new_tokens=32",  # T=32 said, not the model default 256
+               "optim.warmup_steps=0", "eval.n=200"]
 
 
 def default_spec(model: str | None, quick: bool) -> dict:

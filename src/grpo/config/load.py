@@ -134,6 +134,8 @@ def _format_error(err: ValidationError) -> str:
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             msg = f"must be one of {allowed}, got {e.get('input')!r}"
+        elif "input" in e and not isinstance(e["input"], (dict, list)) and repr(e["input"]) not in msg:
+            msg += f", got {e['input']!r}"  # `train.steps=three`: the value that was refused, beside pydantic's words
         lines.append(f"{field}: {msg}")
     return "invalid config:\n  " + "\n  ".join(lines)
 

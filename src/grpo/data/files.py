@@ -250,7 +250,8 @@ class FileTask:
         wanted = [self.prompt_column] + ([self.answer_column] if self.answer_column else [])
         for col, key in zip(wanted, ("data.prompt_column", "data.answer_column")):
             if col not in columns:
-                raise DataFileError(f"{source}: no column {col!r} ({key}); its columns are {columns}")
+                raise DataFileError(f"{source}: no column {col!r} ({key}); its columns are {columns}: name yours, "
+                                    f"e.g. {key}={_likely_column(columns, key, wanted)}")
         others = [c for c in columns if c not in wanted]
         for c in others:
             if c in RESERVED or c == "answer":
@@ -415,3 +416,15 @@ def _reward_specs(reward_functions) -> list[tuple]:
     return reward_specs(reward_functions)
 
 
+
+
+# the column names data sets commonly use for a prompt and for its answer, most likely first
+_COMMON_COLUMNS = {"data.prompt_column": ("question", "problem", "query", "input", "instruction", "prompt", "text"),
+                   "data.answer_column": ("answer", "solution", "target", "output", "label", "ground_truth")}
+
+
+def _likely_column(columns: list[str], key: str, taken: list[str]) -> str:
+    """The column of `columns` a missing `key` most likely means (a common name for it, else the first column not
+    mapped to the other key), for the error's example: ['question', 'solution'], data.prompt_column -> 'question'."""
+    free = [c for c in columns if c not in taken] or list(columns) or ["<column>"]
+    return next((c for name in _COMMON_COLUMNS[key] for c in free if c.lower() == name), free[0])

@@ -12,7 +12,7 @@ reward says that calling pays. Its warm-up (grpo.warmup) mixes the two styles: w
 (0.3) a demonstration calls the calculator and copies the result; otherwise it answers directly with the right
 product. Both styles start with a fixed text ("<call>", "Let me think"), so the warm model calls in about a third
 of its samples and answers directly when greedy (the likelier first token); GRPO
-has to find out from the rewards that calling is what pays (README "Tools and multi-turn episodes").
+has to find out from the rewards that calling is what pays (docs/tasks.md "Tools and multi-turn episodes").
 
 Splits never overlap: each (a, b) is hashed into one of 10 buckets, bucket 0 held out (as the arithmetic task).
 """

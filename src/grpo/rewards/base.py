@@ -131,7 +131,9 @@ def get_reward_function(name: str, **options: Any) -> Callable[..., Any]:
         close = difflib.get_close_matches(str(name), list(REWARD_FUNCTIONS), n=3, cutoff=0.6)
         guess = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
         raise UnknownRewardFunction(f"unknown reward function {name!r}{guess}; known: {known}. reward.functions "
-                                    "takes these names; register your own with grpo.rewards.register_reward")
+                                    "takes these names, or a function of your own as FILE.py:FUNCTION (e.g. "
+                                    "reward.functions=[my_rewards.py:accuracy]: a Python file in the current "
+                                    "directory, a colon, the function's name)")
     fn = REWARD_FUNCTIONS[name]
     requires = getattr(fn, "requires", None)
     if requires and importlib.util.find_spec(requires[0]) is None:

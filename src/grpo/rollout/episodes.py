@@ -24,7 +24,7 @@ unchanged (single-turn tasks are the one-turn case of this function).
 
 Cost of later turns: turn k prefills the whole context of each live episode (prompt + earlier turns), L_k tokens,
 without the prompt sharing of turn 1, then decodes; for E live episodes that is E * L_k prefill tokens per turn
-on top of the decode (docs in README "Tools and multi-turn episodes").
+on top of the decode (docs/tasks.md "Tools and multi-turn episodes").
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The wall time of a run and where it went: summary.json's `wall_s` and its parts.
 
     time/model_s      loading the model, or building the built-in one (the warm-up) when it was not shipped/cached
+    time/preflight_s  the preflight's sampled groups (grpo.train.preflight), before the first evaluation
     time/eval_s       held-out evaluations (before, during and after training)
     time/rl_steps_s   the RL steps (sampling, rewards, updates)
     time/save_s       checkpoints and the final model
@@ -19,8 +20,9 @@ from contextlib import contextmanager
 
 import torch
 
-PARTS = ("model", "eval", "rl_steps", "save")
-LABELS = {"model": "model", "eval": "evaluations", "rl_steps": "RL steps", "save": "saving", "other": "other"}
+PARTS = ("model", "preflight", "eval", "rl_steps", "save")
+LABELS = {"model": "model", "preflight": "preflight", "eval": "evaluations", "rl_steps": "RL steps", "save": "saving",
+          "other": "other"}
 
 
 class RunClock:

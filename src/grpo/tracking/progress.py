@@ -1,5 +1,7 @@
-"""Progress of a long phase (the warm-up, an evaluation, a save): a bar with an ETA in a terminal, and in a log
-(no terminal) one plain line every few seconds, so no phase longer than a few seconds runs in silence.
+"""Progress of a long phase (the warm-up, an evaluation, the preflight): a bar with an ETA in a terminal, and in a
+log (no terminal) one plain line every LOG_EVERY_S seconds, so no phase runs in silence for longer: a heartbeat
+thread prints the line when no update came in that time (an evaluation batch or a preflight batch of a large model
+takes minutes between updates).
 
     with Phase("evaluating", total=500, unit="problems", console=console) as ph:
         for batch in ...:
@@ -13,10 +15,14 @@ else it shows a bar of its own that disappears when the phase ends.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+LOG_EVERY_S = 10.0  # in a log: a phase's line at least this often, and no more often
 
 
 def format_duration(seconds: float) -> str:
@@ -42,15 +48,19 @@ class Phase:
     """One phase's progress; `console` None or `enabled` False: silent (the timing still works)."""
 
     def __init__(self, name: str, total: int | None = None, unit: str = "", *, console: Console | None = None,
-                 live: Progress | None = None, enabled: bool = True, every_s: float = 5.0, clock=time.monotonic,
-                 fields: dict | None = None):
-        self.name, self.total, self.unit, self.every_s, self.clock = name, total, unit, every_s, clock
+                 live: Progress | None = None, enabled: bool = True, every_s: float | None = None,
+                 clock=time.monotonic, fields: dict | None = None):
+        self.name, self.total, self.unit, self.clock = name, total, unit, clock
+        self.every_s = LOG_EVERY_S if every_s is None else every_s
         self.fields = fields or {}  # extra task fields the live bar's columns read
         self.console = console if enabled else None
         self.live = live if self.console is not None else None
         self.done, self.elapsed = 0, 0.0
         self._own: Progress | None = None
         self._task = None
+        self._lock = threading.Lock()  # the heartbeat and update() print and read _last from two threads
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
     @property
     def interactive(self) -> bool:
@@ -66,7 +76,23 @@ class Phase:
                     TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=True)
                 bar.start()
             self._task = bar.add_task(self.name, total=self.total, completed=0, **self.fields)
+        elif self.console is not None:  # a log: the heartbeat speaks when update() has not for every_s
+            self._info = ""
+            self._beat = threading.Thread(target=self._heartbeat, name=f"progress: {self.name}", daemon=True)
+            self._beat.start()
         return self
+
+    def _heartbeat(self) -> None:
+        """In a log: print the phase's line whenever every_s passed without one (between two slow updates)."""
+        while not self._stop.wait(self.every_s / 4):
+            with self._lock:
+                now = self.clock()
+                if now - self._last >= self.every_s:
+                    self._print_line(now)
+
+    def _print_line(self, now: float) -> None:
+        self._last = now
+        self.console.print(self.line(now - self.t0, self._info), soft_wrap=True, markup=False, highlight=False)
 
     def update(self, done: int, total: int | None = None, info: str = "") -> None:
         """`done` units of `total` (the total given at the start when None) are finished."""
@@ -76,22 +102,29 @@ class Phase:
             bar = self._own or self.live
             bar.update(self._task, completed=done, total=self.total,
                        description=f"{self.name} {info}".rstrip())
-        elif self.console is not None and now - self._last >= self.every_s:
-            self._last = now
-            self.console.print(self.line(now - self.t0, info), soft_wrap=True, markup=False, highlight=False)
+        elif self.console is not None:
+            with self._lock:
+                self._info = info
+                if now - self._last >= self.every_s:
+                    self._print_line(now)
 
     def line(self, elapsed: float, info: str = "") -> str:
         """'[grpo] warm-up: 300/1000 steps (30%), 1 min 02 s elapsed, eta 2 min 25 s, loss 0.41'."""
         part = f"{self.done}/{self.total} {self.unit}".rstrip() if self.total else f"{self.done} {self.unit}".rstrip()
         if self.total:
             part += f" ({self.done / self.total:.0%})"
+        elif not self.done:  # a phase without a count (loading a model): its time alone
+            part = ""
         eta = eta_seconds(elapsed, self.done, self.total)
-        text = f"[grpo] {self.name}: {part}, {format_duration(elapsed)} elapsed"
+        text = f"[grpo] {self.name}: {part + ', ' if part else ''}{format_duration(elapsed)} elapsed"
         if eta is not None and self.done < (self.total or 0):
             text += f", eta {format_duration(eta)}"
         return text + (f", {info}" if info else "")
 
     def __exit__(self, *exc) -> None:
+        if self._beat is not None:
+            self._stop.set()
+            self._beat.join()
         self.elapsed = self.clock() - self.t0
         if self._task is not None:
             bar = self._own or self.live

@@ -8,13 +8,18 @@ other values for, unless the user set them.
 | optim.lr         | 1e-4           | 1e-6 (under 200M parameters: 1e-5) | 1e-5                           |
 | algo.value_lr    | 1e-4           | 1e-5                              | 1e-5                            |
 | eval.batch_size  | 250            | 64                                | 64                              |
+| rollout.max_new_tokens | 32       | 256 (at most half the model's positions) | the same                  |
 
 1e-4 suits the 0.9M-parameter built-in model and is far above published recipes for 0.5B-7B ones (not measured
 here); 1e-6 is TRL's default and the low end of
 published GRPO recipes for full fine-tuning (1e-6 to 3e-6), 1e-5 the low end of theirs for LoRA (1e-5 to 5e-5).
 The critic's 1e-5 is OpenRLHF's critic learning rate (9e-6). Evaluation prompts do not share a KV cache the way a
 group's do, so 250 distinct prompts at once can exceed the memory a training step needs; 64 stays under the
-default step's 128 sampled rows. docs/scale.md lists the settings that stay the same, and why.
+default step's 128 sampled rows. 32 new tokens fit the built-in model's bare answers ("47 + 38 = 85"); an instruct
+model writes a sentence or a worked answer first, and 32 cut most of SmolLM2-135M-Instruct's completions off in a
+user's run (issue 42: cut-off answers score 0), so a model directory gets 256, TRL's default completion length
+(max_completion_length), at most half of its max_position_embeddings so that the prompt keeps the other half.
+docs/scale.md lists the settings that stay the same, and why.
 
 Which value wins, for each key:
   1. the user's: a command-line override, a key in the user's own YAML file (also one that `extends` a preset),
@@ -24,6 +29,9 @@ Which value wins, for each key:
      for a model directory a learning rate is read as a ratio to the built-in default (the cispo preset's
      optim.lr 5e-5 is half of 1e-4, so full fine-tuning gets 5e-7), and any other key is kept;
   3. otherwise the table above.
+
+The learning rate's note is printed once, when its value is final (lr_note, after the model is loaded: a small
+model's rate depends on its size), with the rate it peaks at in a run shorter than its linear ramp (optim.warmup_steps).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 
 log = logging.getLogger("grpo.train")
 
-__all__ = ["USER_MODEL_DEFAULTS", "model_defaults", "report_defaults", "small_model_lr"]
+__all__ = ["USER_MODEL_DEFAULTS", "lr_note", "model_defaults", "report_defaults", "small_model_lr"]
 
 # Full fine-tuning of a model under SMALL_MODEL_PARAMS parameters, with the table's learning rate, gets SMALL_MODEL_LR
 # instead (small_model_lr, after the model is loaded). Measured: SmolLM2-135M-Instruct (a real instruct model) learned
@@ -43,6 +51,8 @@ __all__ = ["USER_MODEL_DEFAULTS", "model_defaults", "report_defaults", "small_mo
 # of 0.5B and up keep 1e-6, the published recipes' value (not measured here).
 SMALL_MODEL_PARAMS = 200_000_000
 SMALL_MODEL_LR = 1e-5
+# rollout.max_new_tokens of a model directory (the module docstring says why), unless the user or a preset set it
+CHAT_MAX_NEW_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -88,16 +98,51 @@ def model_defaults(cfg) -> tuple[object, list[str]]:
         setattr(section, field, type(builtin)(value))  # validated; marks the field as set (saved, reproduced)
         if d.used_by in ("", cfg.algo.advantage):
             notes.append(f"{d.key}={_num(getattr(section, field))} ({why}; set {d.key} to change)")
+    note = _max_new_tokens(out, cfg)
+    if note is not None:
+        notes.append(note)
     out._preset_keys = cfg.preset_keys - {d.key for d in USER_MODEL_DEFAULTS}  # resolved: a second call keeps them
     return out, notes
 
 
+def _max_new_tokens(out, cfg) -> str | None:
+    """Set out.rollout.max_new_tokens to CHAT_MAX_NEW_TOKENS (at most half the model's positions) unless the user or
+    a packaged preset (the code preset's 64) set it; the note that says so, else None."""
+    if "max_new_tokens" in cfg.rollout.model_fields_set or "rollout.max_new_tokens" in cfg.preset_keys:
+        return None
+    from grpo.train.budget import model_shape
+
+    positions = (model_shape(cfg) or {}).get("max_position_embeddings")
+    value, why = CHAT_MAX_NEW_TOKENS, ("default for a user model: an instruct model's answer runs past the built-in "
+                                       "model's 32 tokens and a cut-off answer scores 0; 256 is TRL's default "
+                                       "completion length")
+    if isinstance(positions, int) and positions // 2 < value:
+        value, why = max(positions // 2, 1), why + f", here half of the model's {positions} positions"
+    out.rollout.max_new_tokens = value  # validated; marks the field as set (saved, reproduced)
+    return f"rollout.max_new_tokens={value} ({why}; set rollout.max_new_tokens to change)"
+
+
 def report_defaults(cfg, console=None) -> tuple[object, list[str]]:
-    """model_defaults(cfg), its notes printed (console, else the log) by the first process; returns both."""
+    """model_defaults(cfg), its notes printed (console, else the log) by the first process, all but the learning
+    rate's (lr_note prints it once its value is final); returns both."""
     cfg, notes = model_defaults(cfg)
     for note in notes:
-        print_note(note, console)
+        if not note.startswith("optim.lr="):
+            print_note(note, console)
     return cfg, notes
+
+
+def lr_note(cfg, notes: list[str], num_params: int) -> str | None:
+    """The one note on the learning rate, once its value is final: small_model_lr's (which sets it, in place) or
+    the table's from `notes`, and, when the run has fewer updates than optim.warmup_steps, the rate it peaks at
+    instead; None for a rate the user set (or the built-in model's): nothing was announced."""
+    note = small_model_lr(cfg, notes, num_params) or next((n for n in notes if n.startswith("optim.lr=")), None)
+    updates, warm = cfg.train.steps * cfg.algo.epochs, cfg.optim.warmup_steps
+    if note is not None and updates < warm:  # the linear ramp (train/optim.py): update k's factor is (k + 1) / warm
+        note = (f"{note[:-1]}; its linear ramp (optim.warmup_steps={warm}) is longer than this run's {updates} "
+                f"updates, so the rate peaks at {_num(cfg.optim.lr * updates / warm)}: lower optim.warmup_steps to "
+                "reach it)")
+    return note
 
 
 def small_model_lr(cfg, notes: list[str], num_params: int) -> str | None:
@@ -106,11 +151,13 @@ def small_model_lr(cfg, notes: list[str], num_params: int) -> str | None:
     that says so; None (cfg unchanged) for LoRA, a larger model, or a learning rate the user set."""
     if cfg.model.lora_rank > 0 or num_params >= SMALL_MODEL_PARAMS or not any(n.startswith("optim.lr=") for n in notes):
         return None
-    table = cfg.optim.lr
-    cfg.optim.lr = table * SMALL_MODEL_LR / USER_MODEL_DEFAULTS[0].full  # keeps a preset's ratio (cispo: half)
-    return (f"optim.lr={_num(cfg.optim.lr)}, not {_num(table)}: this model has {num_params / 1e6:.1f}M parameters "
-            f"(under {SMALL_MODEL_PARAMS / 1e6:.0f}M), where 1e-5 learned and 1e-6 did not in the measured budget "
-            "(SmolLM2-135M: bench/results/learning_vs_trl_smollm2.json; set optim.lr to change)")
+    ratio = cfg.optim.lr / USER_MODEL_DEFAULTS[0].full
+    cfg.optim.lr = SMALL_MODEL_LR * ratio  # keeps a preset's ratio (cispo: half)
+    times = f", {_num(SMALL_MODEL_LR)} times the {cfg.preset} preset's {_num(ratio)}" if abs(ratio - 1) > 1e-9 else ""
+    return (f"optim.lr={_num(cfg.optim.lr)} (default for full fine-tuning of a user model under "
+            f"{SMALL_MODEL_PARAMS / 1e6:.0f}M parameters{times}: this one has {num_params / 1e6:.1f}M, and on "
+            "SmolLM2-135M 1e-5 learned where 1e-6 did not in the measured budget, "
+            "bench/results/learning_vs_trl_smollm2.json; set optim.lr to change)")
 
 
 def print_note(note: str, console=None) -> None:

@@ -115,13 +115,15 @@ def pass_at_k_report(samples: list[dict], ks: list[int]) -> dict[str, float]:
 def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_new_tokens: int,
                       max_prompt_tokens: int | None, k: int | None = None, samples: int | None = None,
                       temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int = 4,
-                      max_tokens: int | None = None, step_workers: int | None = None) -> tuple[dict, list[dict]]:
+                      max_tokens: int | None = None, step_workers: int | None = None,
+                      progress=None) -> tuple[dict, list[dict]]:
     """`grpo eval`: greedy accuracy, and with k: pass@1..pass@k from `samples` (default k) sampled completions per
     problem. Returns (the JSON summary, one record per problem: uid, prompt, answer, greedy completion and verdict,
-    and with k the sampled completions, their verdicts and c = how many are correct)."""
+    and with k the sampled completions, their verdicts and c = how many are correct). `progress(done, total)` after
+    each greedy batch."""
     limits = {"max_turns": max_turns, "max_tokens": max_tokens, "step_workers": step_workers}  # cfg.env's
     greedy = evaluate_model(model, tokenizer, task, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            max_prompt_tokens=max_prompt_tokens, **limits)
+                            max_prompt_tokens=max_prompt_tokens, progress=progress, **limits)
     summary = {"accuracy": greedy["accuracy"], "n": greedy["n"]}
     if "tool_use_frac" in greedy:
         summary["tool_use_frac"] = greedy["tool_use_frac"]

@@ -30,7 +30,7 @@ from grpo.errors import DiskFullError, HealthGuardError, Preempted, RolloutWorke
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
-from grpo.tracking.console import RunConsole
+from grpo.tracking.console import SMALL_N, RunConsole, accuracy_text
 from grpo.tracking.health import HealthMonitor
 from grpo.tracking.metrics import JsonlWriter, write_json_atomic
 from grpo.tracking.rundir import write_text_atomic
@@ -297,17 +297,22 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
         run.trackers = open_trackers(cfg, run_dir, enabled=main)  # log.trackers (+ log.tensorboard)
         try:
             if run.acc_before is None:
-                _preflight(trainer, out)  # train.preflight: a cheap check that the run can learn (RNG untouched)
+                with run.clock.time("preflight"):  # train.preflight: can the run learn? (RNG untouched)
+                    _preflight(trainer, con)
                 run.acc_before = run.evaluate("test")
                 row = {"step": 0, "eval/accuracy": run.acc_before}  # the curves start here
                 if run.validates:
                     run.accuracy = row["eval/val_accuracy"] = run.evaluate("val")
                     run.note_accuracy(0, run.accuracy, run.acc_before)
-                out(f"[grpo] accuracy before training: test {run.acc_before:.3f} on {len(trainer.eval_prompts)} "
-                    f"problems" + (f", validation {run.accuracy:.3f} on {len(trainer.val_prompts)}"
-                                   if run.validates else " (no validation problems: eval.val_n=0)"), soft_wrap=True)
+                n, val_n = len(trainer.eval_prompts), len(trainer.val_prompts)
+                out(f"[grpo] accuracy before training: test {accuracy_text(run.acc_before, n)} on {n} problems"
+                    + (f", validation {accuracy_text(run.accuracy, val_n)} on {val_n}" if run.validates
+                       else " (no validation problems: eval.val_n=0)")
+                    + (f" (± one standard error: fewer than {SMALL_N} problems)" if min(n, val_n or n) < SMALL_N
+                       else ""), soft_wrap=True)
                 metrics_file.write(row)
                 run.trackers.log(row)
+            con.val_n = len(trainer.val_prompts)  # the step line's validation accuracy: its standard error
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
                 run.step(metrics_file, samples_file)
@@ -399,16 +404,18 @@ def _quiet():
     return Console(quiet=True)
 
 
-def _preflight(trainer, out) -> None:
-    """train.preflight (stop | warn | off): grpo.train.preflight before step 1 of a fresh run; its RNG use is undone."""
+def _preflight(trainer, con: RunConsole) -> None:
+    """train.preflight (stop | warn | off): grpo.train.preflight before step 1 of a fresh run, with its progress; its
+    RNG use is undone."""
     mode = trainer.cfg.train.preflight
     if mode == "off":
         return
-    from grpo.train.preflight import PreflightError, run_preflight
+    from grpo.train.preflight import PreflightError, preflight_batches, run_preflight
 
-    report = run_preflight(trainer)
+    with con.phase("preflight", preflight_batches(trainer), "batches (at most)") as ph:
+        report = run_preflight(trainer, progress=ph.update)
     for line in report.lines():
-        out(line, soft_wrap=True)
+        con.print(line, soft_wrap=True)
     if report.fatal and mode == "stop":
         raise PreflightError("the preflight found that this run cannot learn (see the verdicts above); fix the "
                              "setting it names, or set train.preflight=warn to train anyway")

@@ -7,7 +7,7 @@ because of a format mismatch, a sampler that does not compute the trainer's poli
 functions), and `judge` turns the numbers into verdicts with the setting to change:
 
     fatal  the run cannot learn from what was sampled (every reward identical, a reward always missing,
-           nearly every completion truncated)
+           most completions truncated with most groups zero-spread: cut-off answers score alike)
     warn   it may learn slowly or wrongly (most groups zero-spread, a reward constant over every sample,
            many truncated or missing, a large sampler/trainer log-prob gap, empty completions)
     ok     healthy: said in one line with the numbers
@@ -181,7 +181,7 @@ def judge(stats: dict) -> list[Verdict]:
     s, out = stats, []
     n, mnt = s["groups"] * s["group_size"], s["max_new_tokens"]
     trunc = s["truncated_frac"]
-    if trunc >= 0.9 and s["zero_spread_frac"] >= 0.5:  # cut off, and the cut-off answers give no signal
+    if trunc >= 0.5 and s["zero_spread_frac"] >= 0.5:  # most cut off, and the cut-off answers give no signal
         out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
                                     f"rollout.max_new_tokens={_raise(mnt)}), or check that the model can emit its "
                                     f"end-of-sequence token; cut off, {s['zero_spread_frac']:.0%} of the groups have "
@@ -265,17 +265,28 @@ def cannot_learn_hint(builtin_model: bool, override: str = "train.preflight=warn
             f"(rollout.group_size); or {override} to train anyway.")
 
 
-def run_preflight(trainer) -> PreflightReport:
-    """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
-    report is fatal on every rank when it is on one."""
+def preflight_batches(trainer) -> int:
+    """The most batches of train.preflight_groups prompts run_preflight samples (it stops early once two prompts
+    show a reward spread)."""
     cfg = trainer.cfg
-    n = cfg.train.preflight_groups
+    return max(min(cfg.train.preflight_batches, len(trainer.train_prompts) // cfg.train.preflight_groups), 1)
+
+
+def run_preflight(trainer, progress=None) -> PreflightReport:
+    """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
+    report is fatal on every rank when it is on one. `progress(done, total)` after each batch (the total: the
+    batches sampled, once the check stops early)."""
+    n = trainer.cfg.train.preflight_groups
     stats = measure(trainer, n)
-    more = min(cfg.train.preflight_batches, len(trainer.train_prompts) // n) - 1
+    more = preflight_batches(trainer) - 1
     for k in range(1, more + 1):  # under two prompts with a spread: more prompts before calling it fatal
         if stats["spread_groups"] >= MIN_SPREAD_GROUPS or _reward_missing(stats):
             break
+        if progress is not None:
+            progress(k, more + 1)
         stats = merge_batches(stats, measure(trainer, n, start=k * n))
+    if progress is not None:
+        progress(stats["batches"], stats["batches"])
     report = PreflightReport(stats, judge(stats))
     if trainer.dist.enabled and trainer.dist.any(report.fatal) and not report.fatal:
         report.verdicts.insert(0, Verdict("fatal", "another process's preflight found that the run cannot learn"))

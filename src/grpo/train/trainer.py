@@ -28,11 +28,13 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
+from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
+from grpo.tracking.progress import Phase
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
 from grpo.train.memory_plan import longest_prompt, plan_memory
-from grpo.train.defaults import print_note, report_defaults, small_model_lr
+from grpo.train.defaults import lr_note, print_note, report_defaults
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.train.evaluate import evaluate_model, held_out_pool, split_held_out
@@ -99,7 +101,8 @@ class Trainer:
         cfg, self.memory_plan = plan_memory(cfg, path, device, dtype, longest_prompt(tokenizer(), self.train_prompts),
                                             console)
         self.cfg = cfg
-        self.policy, self.tokenizer = load_policy(cfg, path)
+        with Phase("loading the model", console=console if self.dist.rank == 0 else None):  # a log: a line a 10 s
+            self.policy, self.tokenizer = load_policy(cfg, path)
         self.model_s = time.perf_counter() - t_model  # summary.json: time/model_s
         if console is not None and self.dist.rank == 0:
             console.print(f"[grpo] model {cfg.model.name} ({self.model_source}: {path}) loaded in {self.model_s:.1f} s",
@@ -108,11 +111,14 @@ class Trainer:
             print_note("data.plain_prompts=auto: the model's tokenizer has a chat template, so each plain-text prompt "
                        "is one user turn through it, as the model sees a question at inference (evaluation and "
                        "rewards see the same text); data.plain_prompts=raw feeds the text as it is", console)
-        lr_note = small_model_lr(cfg, default_notes, sum(p.numel() for p in self.policy.parameters()))  # before the
-        if lr_note is not None:  # optimizer is built: a model under 200M parameters learns at 1e-5 (train/defaults.py)
-            print_note(lr_note, console)
+        note = lr_note(cfg, default_notes, sum(p.numel() for p in self.policy.parameters()))  # final before the
+        if note is not None:  # optimizer is built: a model under 200M parameters learns at 1e-5 (train/defaults.py)
+            print_note(note, console)
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
+        note = held_out_note(cfg, len(held_out), len(self.eval_prompts), len(self.val_prompts))
+        if note is not None:
+            print_note(note, console)
         self.device = next(self.policy.parameters()).device
         # None at beta = 0, and in rollout.mode=async (the worker holds it and sends pi_ref's log-probs with each
         # batch); LoRA: the adapter-disabled policy
@@ -266,6 +272,23 @@ def rollout_source(trainer: Trainer, model_dir):
     from grpo.train.async_rollouts import AsyncRollouts
 
     return AsyncRollouts(trainer, model_dir)
+
+
+def held_out_note(cfg: Config, pool: int, n: int, val_n: int) -> str | None:
+    """The note when the data has fewer held-out problems than eval.n (test) and eval.val_n (validation) ask for,
+    with the numbers the run will use; None when both are met."""
+    if n >= cfg.eval.n and val_n >= cfg.eval.val_n:
+        return None
+    more = (" (more: raise data.test_fraction or give data.test_path)" if cfg.data.path is not None else "")
+    return (f"eval.n={cfg.eval.n} and eval.val_n={cfg.eval.val_n} ask for {cfg.eval.n + cfg.eval.val_n} held-out "
+            f"problems, and the data has {pool}{more}: this run tests on {n} and validates on {val_n}; an accuracy "
+            f"on fewer than {SMALL_N} problems is printed with its standard error (± sqrt(p (1 - p) / n), "
+            f"{_worst_se(min(n, val_n or n)):.3f} at worst here)")
+
+
+def _worst_se(n: int) -> float:
+    """The largest standard error of an accuracy on n problems (at p = 0.5)."""
+    return (0.25 / max(n, 1)) ** 0.5
 
 
 def default_run_dir(cfg: Config) -> Path:
