@@ -89,6 +89,13 @@ PERF_DOC = "docs/performance.md"
 PROFILE = "bench/results/profile_step_smollm2.json"
 MEMORY_DOC = "docs/memory.md"
 BF16 = "bench/results/bf16_matmul.json"
+MEMORY = "bench/results/memory.json"
+
+
+def _memory_rows(d) -> str:
+    from grpo.bench.memory import table_rows
+
+    return table_rows(d, MEMORY)
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -609,6 +616,9 @@ FIGURES = [
                               "{aggregate.sync_1thread.steady_steps_per_min.mean:.1f}"),
     F(SCALE_DOC, VOCAB_TRAIN, "{chunked.updates[1].update_peak_mb:.0f} and {chunked.updates[2].update_peak_mb:.0f} MB "
                               "above the resident set for its second and third updates"),
+    # README and docs/memory.md: the memory table (grpo bench --memory)
+    F(README, MEMORY, "{rows}", rows=lambda d: _memory_rows(d)),
+    F(MEMORY_DOC, MEMORY, "{rows}", rows=lambda d: _memory_rows(d)),
     # docs/memory.md: bf16 products on this CPU (scripts/bf16_matmul.py)
     F(MEMORY_DOC, BF16, "bfloat16 products ran at {shapes[0].bf16_over_fp32:.3f}x, {shapes[1].bf16_over_fp32:.3f}x and "
                         "{shapes[2].bf16_over_fp32:.3f}x float32's speed"),

@@ -145,9 +145,6 @@ class RunConsole:
 
         parts = breakdown(summary)
         table.add_row("wall time", format_duration(summary.get("wall_s", 0)) + (f" ({parts})" if parts else ""))
-        if summary.get("memory/planned_peak_mb"):
-            table.add_row("peak memory", f"{summary['memory/peak_rss_mb'] / 1024:.1f} GiB (planned "
-                                         f"{summary['memory/planned_peak_mb'] / 1024:.1f} GiB)")
         table.add_row("run directory", str(run_dir))
         if plot_path:
             table.add_row("plot", str(plot_path))
@@ -155,6 +152,10 @@ class RunConsole:
             table.caption = (f"± one standard error, sqrt(p (1 - p) / n), on fewer than {SMALL_N} problems: "
                              "accuracies closer than about two of them may differ by chance")
         self.print_wide(table)
+        if summary.get("memory/planned_peak_mb"):  # the plan printed at start (train/memory_plan.py), measured
+            self.print(f"[grpo] peak memory {summary['memory/peak_rss_mb'] / 1024:.1f} GiB (this process and its "
+                       f"children; planned {summary['memory/planned_peak_mb'] / 1024:.1f} GiB)",
+                   markup=False, highlight=False)
 
     def print_wide(self, renderable) -> None:
         """Print `renderable` as wide as it needs when there is no terminal (a log): no value wrapped or cut."""
