@@ -90,25 +90,21 @@ def _env() -> dict:
                 TOKENIZERS_PARALLELISM="false")
 
 
-def params_of(model_dir: str) -> int:
-    from transformers import AutoConfig
-
-    from grpo.models.footprint import parameter_counts
-
-    return parameter_counts(AutoConfig.from_pretrained(model_dir)).total
+def floor_mb(counts) -> float:
+    """16 bytes a trainable parameter plus the frozen ones in float32 (the CPU's model.dtype), MiB."""
+    frozen = counts.total - counts.trainable
+    return round((16 * counts.trainable + 4 * frozen) / 2**20, 1)
 
 
-def floor_mb(model_dir: str, overrides: list[str]) -> float:
-    """16 bytes a trainable parameter plus the frozen ones in model.dtype (float32 on the CPU), MiB."""
+def _counts(model_dir: str, overrides: list[str]):
+    """ParamCounts of the model directory under the run's settings (LoRA adapters when model.lora_rank > 0)."""
     from transformers import AutoConfig
 
     from grpo.config import load_config
     from grpo.models.footprint import parameter_counts
 
     cfg = load_config(None, [f"model.name={model_dir}", *overrides])
-    counts = parameter_counts(AutoConfig.from_pretrained(model_dir), cfg.model if cfg.model.lora_rank else None)
-    frozen = counts.total - counts.trainable
-    return round((16 * counts.trainable + 4 * frozen) / 2**20, 1)
+    return parameter_counts(AutoConfig.from_pretrained(model_dir), cfg.model if cfg.model.lora_rank else None)
 
 
 def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=print) -> dict:
@@ -123,13 +119,14 @@ def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=p
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [m["perf/step_s"] for m in metrics if "perf/step_s" in m]
+    counts = _counts(model_dir, overrides)
     out = {"model": model_dir, "overrides": overrides, **res, "vmhwm_mb": summary.get("memory/peak_rss_mb"),
            "planned_mb": summary.get("memory/planned_peak_mb"),
            "micro_batch_tokens": summary.get("memory/micro_batch_tokens"),
-           "floor_mb": floor_mb(model_dir, overrides), "step_s": steps,
+           "floor_mb": floor_mb(counts), "step_s": steps,
            "load_avg_before": load[0], "load_avg_after": os.getloadavg()[0]}
     out["peak_mb"] = max(out["peak_tree_mb"], out["vmhwm_mb"] or 0)
-    out["params"] = params_of(model_dir)
+    out["params"] = counts.total if counts.trainable == counts.total else counts.total - counts.trainable  # no adapters
     out["peak_over_floor"] = round(out["peak_mb"] / out["floor_mb"], 3)
     if out["planned_mb"]:
         out["planned_over_peak"] = round(out["planned_mb"] / out["peak_mb"], 3)
@@ -281,7 +278,7 @@ def main(args) -> int:
                                               int(cfg.get("rollout.max_new_tokens", 32)), Path(d), log=print)
                 write_text_atomic(out, json.dumps(result, indent=1) + "\n")
         for entry in result["entries"].values():
-            entry.setdefault("params", params_of(entry["model"]))
+            entry.setdefault("params", _counts(entry["model"], []).total)
         result["computed"] = computed_plans(result["entries"], Path(d))
     import torch
 

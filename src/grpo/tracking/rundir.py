@@ -101,7 +101,8 @@ def disk_full(err: BaseException | None) -> bool:
     return False
 
 
-def _size(n: float) -> str:
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB', 10 -> '10 B' (the run's disk messages)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -120,7 +121,7 @@ def disk_full_message(path: str | Path) -> str:
         mount = mount.parent
     try:
         usage = shutil.disk_usage(here)
-        room = f" ({_size(usage.free)} free of {_size(usage.total)})"
+        room = f" ({format_bytes(usage.free)} free of {format_bytes(usage.total)})"
     except OSError:
         room = ""
     return f"the disk is full (No space left on device) on {mount}{room} while writing {p}"

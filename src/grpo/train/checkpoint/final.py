@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from grpo.errors import DiskFullError
-from grpo.tracking.rundir import disk_full, disk_full_message
+from grpo.tracking.rundir import disk_full, disk_full_message, format_bytes
 from grpo.train.checkpoint.files import _fsync, _fsync_tree
 
 __all__ = ["publish_dir", "make_readable", "link_identical"]
@@ -141,14 +141,6 @@ def publish_dir(target: str | os.PathLike, write: Callable[[Path], None], *, wha
                         f"time); nothing half-written is left, {kept}") from last
 
 
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
-
-
 def disk_report(run_dir: str | os.PathLike) -> str:
     """One line: what the run directory holds on disk (a file hard-linked under two names counted once, where it
     is first met: final/, then checkpoints/best/, then the step checkpoints), the optimizer state in it, and what
@@ -175,10 +167,10 @@ def disk_report(run_dir: str | os.PathLike) -> str:
         parts[part.relative_to(run_dir).as_posix()] = size
     total = sum(parts.values())
     freed = sum(parts[p.relative_to(run_dir).as_posix()] for p in steps)
-    shown = ", ".join(f"{k}/ {_human(v)}" for k, v in parts.items() if k == "final" or k.startswith("checkpoints/"))
-    line = f"[grpo] on disk: {_human(total)} in {run_dir} ({shown}; identical files stored once)"
+    shown = ", ".join(f"{k}/ {format_bytes(v)}" for k, v in parts.items() if k == "final" or k.startswith("checkpoints/"))
+    line = f"[grpo] on disk: {format_bytes(total)} in {run_dir} ({shown}; identical files stored once)"
     if steps:
-        line += (f". The step checkpoints ({_human(optimizer)} of it optimizer state) are only for --resume: "
-                 f"`rm -r {run_dir}/checkpoints/step-*` frees {_human(freed)}; final/ and checkpoints/best/ "
+        line += (f". The step checkpoints ({format_bytes(optimizer)} of it optimizer state) are only for --resume: "
+                 f"`rm -r {run_dir}/checkpoints/step-*` frees {format_bytes(freed)}; final/ and checkpoints/best/ "
                  "stand alone")
     return line
