@@ -282,3 +282,60 @@ def test_the_real_smollm2_gguf_cut_short_says_so(mib, tmp_path, capsys):
     assert code == EXIT_USER, err
     assert f"{bad} is cut short at {mib * 2**20} of {real.stat().st_size} bytes (its header declares 272 tensors)" \
         in err, err
+
+
+# ------------------------------------------------------------------ SILENT / CRASH: grpo bench's arguments and children
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--steps", "0"], "--steps must be at least 1 (training steps per run), got 0"),
+    (["--repeats", "0"], "--repeats must be at least 1 (seeds), got 0"),
+    (["--model", "/nope"], "--model='/nope': no such directory"),
+])
+def test_bench_arguments_are_checked_before_any_run(args, words, tmp_path, capsys):
+    code, err = run(["bench", "--async-rollouts", *args, "--output", str(tmp_path / "out.json")], capsys)
+    assert code == EXIT_USER and words in err, err
+    assert not (tmp_path / "out.json").exists()
+
+
+def _children_running(marker: str) -> list[int]:
+    """Pids of processes whose command line holds `marker`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_sigterm_to_bench_ends_its_child_and_removes_its_temporary_files(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = os.environ | {"TMPDIR": str(temp), "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    bench = subprocess.Popen([sys.executable, "-m", "grpo.cli", "bench", "--async-rollouts", "--steps", "200",
+                              "--repeats", "1", "--output", str(tmp_path / "out.json")], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _children_running(f"--output-dir {temp}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    children = _children_running(f"--output-dir {temp}")
+    assert children, "the benchmark started no grpo train"
+    time.sleep(2)  # the child is loading or training
+    bench.send_signal(signal.SIGTERM)
+    _, err = bench.communicate(timeout=60)
+    assert bench.returncode == 143, err
+    assert ("grpo bench --async-rollouts stopped by SIGTERM: its running child was ended and its temporary "
+            "directory removed") in err, err
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    assert _children_running(f"--output-dir {temp}") == []  # no grpo train left behind
+    assert list(temp.iterdir()) == []  # no grpo-bench-async-* left behind

@@ -62,36 +62,3 @@ def test_bad_arguments_are_refused_before_any_run(argv, words, tmp_path, capsys)
     code = main(["bench", "--memory", *argv, "--output", str(tmp_path / "m.json")])
     assert code == 2 and words in capsys.readouterr().err
     assert not (tmp_path / "m.json").exists()
-
-
-def test_sigterm_to_the_bench_ends_its_child(tmp_path):
-    """The bench runs each `grpo train` in its own session: a SIGTERM to the bench must end that child too, not
-    leave it training (fails without main()'s SIGTERM handler: the child outlives the bench)."""
-    import os
-    import signal
-    import subprocess
-    import time
-
-    pid_file = tmp_path / "child.pid"
-    child_code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    script = (
-        "import sys, signal\n"
-        "from pathlib import Path\n"
-        "from grpo.bench import memory\n"
-        "signal.signal(signal.SIGTERM, memory._stop)  # as memory.main() installs it\n"
-        f"memory.run_polled([sys.executable, '-c', {child_code!r}], {{}}, Path({str(tmp_path / 'log')!r}), 300)\n"
-    )
-    bench = subprocess.Popen([sys.executable, "-c", script])
-    deadline = time.time() + 60
-    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
-        time.sleep(0.1)
-    child = int(pid_file.read_text())
-    bench.send_signal(signal.SIGTERM)
-    assert bench.wait(30) == 128 + signal.SIGTERM
-    time.sleep(0.5)
-    try:
-        os.kill(child, 0)
-        alive = open(f"/proc/{child}/status").read().split("State:")[1].split()[0] != "Z"
-    except ProcessLookupError:
-        alive = False
-    assert not alive

