@@ -169,7 +169,7 @@ def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
 class _HiddenTokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool):
+                with_entropy: bool, weight_grad_in_place: bool):
         dtype = _compute_dtype(hidden)
         rows = hidden.shape[0]
         logp = torch.empty(rows, dtype=dtype, device=hidden.device)
@@ -183,6 +183,8 @@ class _HiddenTokenLogprob(torch.autograd.Function):
                 entropy[a:b] = ent
         ctx.save_for_backward(hidden, weight, targets, row_max, row_sum)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        # the weight itself (saved_tensors gives another Python object, whose .grad is not the parameter's)
+        ctx.weight_param = weight if weight_grad_in_place and weight.is_leaf and weight.dtype == dtype else None
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -194,8 +196,14 @@ class _HiddenTokenLogprob(torch.autograd.Function):
         tau, dtype = ctx.temperature, row_max.dtype
         grad_h = torch.empty_like(hidden) if need_h else None
         exact = weight.dtype == dtype  # fp32/fp64 weights accumulate in place; narrower ones in float32
-        grad_w = (torch.zeros_like(weight) if exact else torch.zeros_like(weight, dtype=torch.float32)) \
-            if need_w else None
+        param = ctx.weight_param if need_w else None
+        if param is not None:  # straight into .grad: autograd would hold this (V, H) and add it to .grad after
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grad_w = param.grad
+        else:
+            grad_w = (torch.zeros_like(weight) if exact else torch.zeros_like(weight, dtype=torch.float32)) \
+                if need_w else None
         for a, b in _chunks(hidden.shape[0], ctx.chunk_size):
             h = hidden[a:b]
             g = grad_logp[a:b].to(dtype) / tau  # (c,)
@@ -210,13 +218,16 @@ class _HiddenTokenLogprob(torch.autograd.Function):
                 else:
                     grad_w += torch.matmul(u.t(), h)
             del u
-        if need_w and not exact:
+        if param is not None:
+            grad_w = None  # already in param.grad
+        elif need_w and not exact:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
-                          chunk_size: int = 256, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                          chunk_size: int = 256, with_entropy: bool = False,
+                          weight_grad_in_place: bool = False) -> tuple[Tensor, Tensor | None]:
     """log softmax(hidden @ weight^T / temperature) at targets, without the (N, T, V) logits; differentiable.
 
     hidden: (N, T, H) final hidden states (after the last norm), any float dtype; weight: (V, H) the output head's
@@ -226,6 +237,10 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     distribution is computed in the same pass when `with_entropy` and carries no gradient.
     Peak extra memory: a few (chunk_size, V) float32 blocks, forward and backward (plus a float32 (V, H)
     gradient accumulator when the weight is narrower than float32).
+    weight_grad_in_place: a leaf weight in the compute dtype gets its gradient added straight into `weight.grad`
+    (created as zeros when None) and none is returned to autograd, which would hold a (V, H) tensor and then add it
+    to .grad (a second one with a tied embedding: 1 GiB at 0.5B); the gradient is the same. Only for a plain
+    backward() whose .grad nobody hooks: DDP's gradient hooks would not see it.
     """
     check_tensor("hidden", hidden, ndim=3)
     check_tensor("weight", weight, ndim=2)
@@ -244,5 +259,5 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     check_number("chunk_size", chunk_size, low=1, integer=True)
     flat = hidden.reshape(-1, hidden.shape[-1])
     logp, entropy = _HiddenTokenLogprob.apply(flat, weight, targets.reshape(-1).long(), float(temperature),
-                                              int(chunk_size), bool(with_entropy))
+                                              int(chunk_size), bool(with_entropy), bool(weight_grad_in_place))
     return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None

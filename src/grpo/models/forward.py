@@ -205,14 +205,50 @@ def replaced_head(model, fn):
         del head.forward
 
 
+@contextlib.contextmanager
+def lean_head_gradients(model, enabled: bool):
+    """Within the block (the forward; the backward may come after it), backward() builds no (V, H) temporary for the
+    vocabulary-sized gradients. The output head's goes straight into its weight's .grad
+    (`hidden_token_logprobs(weight_grad_in_place=True)`, which the caller passes when this yields True), and the
+    input embedding gives the sparse gradient of the rows it looked up, which autograd adds into its dense .grad in
+    place (made here as zeros when None, so .grad stays dense for the optimizer). Plain autograd builds a dense
+    (V, H) tensor per embedding lookup (the prompt's and the completions' in a shared-prefix forward) and one for
+    the head, each then added to .grad: up to three beside .grad with tied weights, 1.6 GiB at 0.5B.
+    Changes nothing unless `enabled` (one process: DDP's and FSDP's hooks must see every gradient); the head part
+    needs a plain head (`plain_output_head`), each part a trainable leaf tensor. Yields whether the head part applies.
+    """
+    head = plain_output_head(model) if enabled else None
+    head_applies = _trainable_leaf(getattr(head, "weight", None))
+    embedding = model.get_input_embeddings() if enabled and hasattr(model, "get_input_embeddings") else None
+    sparse = (isinstance(embedding, torch.nn.Embedding) and _trainable_leaf(embedding.weight)
+              and not embedding.sparse)
+    if sparse:
+        if embedding.weight.grad is None:
+            embedding.weight.grad = torch.zeros_like(embedding.weight)
+        embedding.sparse = True
+    try:
+        yield head_applies
+    finally:
+        if sparse:
+            embedding.sparse = False
+
+
+def _trainable_leaf(weight) -> bool:
+    """A parameter that takes its gradient in .grad as a plain tensor (not FSDP's DTensor)."""
+    return (isinstance(weight, torch.Tensor) and weight.requires_grad and weight.is_leaf
+            and type(weight.data) is torch.Tensor)
+
+
 def completion_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size: int, *,
                               temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_TOKENS,
-                              with_entropy: bool = False, forward_fn=None):
+                              with_entropy: bool = False, forward_fn=None,
+                              head_grad_in_place: bool = False):
     """(logp (N, T), entropy (N, T) or None) of the completion tokens; logp differentiable, entropy not.
 
     Shapes as `completion_logits`. forward_fn: `completion_logits` (default) or `unshared_completion_logits`; it
     gets `head=` (the chunked log-prob computation on the hidden states) for a plain head, or computes the full
-    logits otherwise (then `token_logprobs` / `entropy_from_logits`, as before).
+    logits otherwise (then `token_logprobs` / `entropy_from_logits`, as before). head_grad_in_place: inside
+    `lean_head_gradients` when it yielded True.
     """
     from grpo.algo import entropy_from_logits, hidden_token_logprobs, token_logprobs
 
@@ -230,7 +266,8 @@ def completion_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
 
     def head_fn(hidden):  # (N, T, H) final hidden states -> (N, T) log-probs; runs inside the head's call
         logp, box["entropy"] = hidden_token_logprobs(hidden, head.weight, completion_ids, temperature=temperature,
-                                                     chunk_size=chunk_size, with_entropy=with_entropy)
+                                                     chunk_size=chunk_size, with_entropy=with_entropy,
+                                                     weight_grad_in_place=head_grad_in_place)
         return logp
 
     logp = forward_fn(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size, head=head_fn)

@@ -14,8 +14,9 @@ The plan (bytes; `MemoryPlan.parts`):
     activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
                  one- and two-layer copy of the architecture, grpo.models.footprint), plus the log-prob chunk's
                  float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad),
-                 and with full fine-tuning the head's and the embedding's dense float32 weight gradients of one
-                 backward (2 x vocabulary x hidden x 4 bytes) before they are added to .grad
+                 and, full fine-tuning under torchrun only, the head's and the embedding's dense float32 weight
+                 gradients of one backward (2 x vocabulary x hidden x 4 bytes; one process adds them to .grad in
+                 place: models/forward.py lean_head_gradients)
     generation   the sampler's KV cache for P*G rows of prompt + max_new_tokens positions and a decode step's float32
                  logits (N x vocabulary x 4 bytes, three of them), or evaluation's (eval.batch_size rows), the larger
     worker       rollout.mode=async: the worker process's copy of the weights, its reference and its runtime
@@ -32,7 +33,9 @@ would make it fit; train.memory_check=false runs it anyway.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +45,7 @@ from grpo.errors import ConfigError
 
 log = logging.getLogger("grpo.train")
 
-__all__ = ["MemoryPlan", "longest_prompt", "plan_memory", "process_rss"]
+__all__ = ["MemoryPlan", "longest_prompt", "plan_memory", "process_rss", "release_freed_memory"]
 
 ACTIVATION_SHARE = 0.125  # of the floor: the 0.5B model's default step at <= 1.5x its floor (bench/results/memory.json)
 MIN_ACTIVATION_BYTES = 256 * 2**20  # small models: a micro-batch as large as the old default's
@@ -88,6 +91,28 @@ def process_rss() -> int:
         return psutil.Process().memory_info().rss
     except Exception:  # noqa: BLE001 - a plan without its runtime part is still a plan
         return 0
+
+
+def release_freed_memory() -> None:
+    """Give the pages the C heap holds free back to the system (glibc's malloc_trim; milliseconds).
+
+    glibc keeps what a phase freed (a micro-batch's activations and gradients, generation's KV cache) in its heap,
+    fragmented, so the process's resident memory carried each phase's high-water mark into the next and the peak of a
+    step crept up micro-batch by micro-batch (bench/results/memory.json). Called between phases; a no-op on a C library
+    without malloc_trim (macOS, musl)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def longest_prompt(tokenizer, prompts, sample: int = 512) -> int:
@@ -143,8 +168,8 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
     vocab, hidden = int(shape.get("vocab_size") or 0), int(shape.get("hidden_size") or 0)
     head = cfg.optim.logprob_chunk_tokens * vocab * 4 * 3
-    if not lora:  # a trained head/embedding: each backward makes their dense (V, H) weight gradients before adding
-        head += 2 * vocab * hidden * 4  # them to .grad (the chunked head's accumulator, the embedding's scatter)
+    if not lora and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # several processes: autograd's dense (V, H)
+        head += 2 * vocab * hidden * 4  # gradients of the head and the embedding (one process: lean_head_gradients)
     P, G, T = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens
     eval_T = cfg.eval.max_new_tokens or T
     generation = 0 if cfg.rollout.engine != "native" else max(

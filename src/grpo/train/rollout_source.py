@@ -19,6 +19,7 @@ from grpo.parallel import SINGLE, generation
 from grpo.rewards.runner import RewardResult
 from grpo.rewards.specs import reward_specs
 from grpo.rollout.episodes import run_episodes
+from grpo.train.memory_plan import release_freed_memory
 from grpo.train.episodes import apply_env_rewards, env_limits, episode_columns
 from grpo.types import Rollouts
 
@@ -129,6 +130,7 @@ class SyncRollouts:
 
     def next(self, step: int) -> ScoredBatch:
         rollouts, scores, gen_s, reward_s = self.producer.produce(step)
+        release_freed_memory()  # generation's KV cache and logits: their pages go back before the update
         return ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=step)
 
     def sync_weights(self, policy, version: int) -> None:

@@ -16,7 +16,9 @@ import torch
 from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
 from grpo.algo.tis import truncated_is_weight
-from grpo.models.forward import DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs
+from grpo.models.forward import (DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs,
+                                 lean_head_gradients)
+from grpo.train.memory_plan import release_freed_memory
 from grpo.train.optim import guarded_step
 
 
@@ -88,7 +90,7 @@ class PolicyBatch:
 
 def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
                         with_entropy: bool = False, chunk_size: int = DEFAULT_CHUNK_TOKENS,
-                        group_size: int | None = None):
+                        group_size: int | None = None, head_grad_in_place: bool = False):
     """logp (n, T) of the sampled tokens for the completion rows rows_n of the prompts rows_p, group_size of them
     per prompt (None: the batch's G, whole groups; fewer: a part of one group, `PolicyBatch.group_chunks`), and
     the entropy, without gradient, if asked."""
@@ -97,7 +99,7 @@ def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice,
                                      (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
                                      group_size or batch.group_size,
                                      temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-                                     forward_fn=_logits_fn(model))
+                                     forward_fn=_logits_fn(model), head_grad_in_place=head_grad_in_place)
 
 
 def _logits_fn(model):
@@ -140,20 +142,22 @@ class MicroBatchLoss:
 
 
 def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cfg, *, num_tokens: torch.Tensor,
-                     num_seqs: int, kl_in_loss: bool, first_epoch: bool, group_size: int | None = None
-                     ) -> MicroBatchLoss:
+                     num_seqs: int, kl_in_loss: bool, first_epoch: bool, group_size: int | None = None,
+                     head_grad_in_place: bool = False) -> MicroBatchLoss:
     """The loss of the prompts rows_p / completions rows_n (n of them, group_size a prompt: `group_chunks`).
 
     logp (n, T) from hidden states in chunks -> algo.policy_loss (grpo.algo.registry) per token (n, T) -> the
     high-entropy mask (algo.top_entropy_quantile < 1) -> aggregate with the batch's GLOBAL counts num_tokens (0-d)
     and num_seqs, so the micro-batching does not change the gradient; + kl.coef * KL(pi || pi_ref) when kl_in_loss
     (PPO puts its KL in the reward instead: the caller decides). first_epoch: also log the sampler's log-prob gap.
+    head_grad_in_place: inside models.forward.lean_head_gradients when it yielded True.
     """
     algo, kl_cfg = cfg.algo, cfg.kl
     loss_fn = policy_loss_fn(algo.policy_loss)  # grpo.algo.registry: clip, cispo, or a user's registered loss
     mask = batch.mask[rows_n]
     logp, entropy = completion_logprobs(model, batch, rows_p, rows_n, cfg.rollout.temperature, True,
-                                        chunk_size=cfg.optim.logprob_chunk_tokens, group_size=group_size)
+                                        chunk_size=cfg.optim.logprob_chunk_tokens, group_size=group_size,
+                                        head_grad_in_place=head_grad_in_place)
     old = batch.old_logp[rows_n] if batch.old_logp is not None else logp.detach()
     token_loss, m = loss_fn(logp, old, batch.adv[rows_n], mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                             level=algo.ratio_level, dual_clip=algo.dual_clip)
@@ -217,8 +221,10 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
         chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
                                          shared_prefix=_logits_fn(model) is completion_logits))
         for i, (rows_p, rows_n, group_size) in enumerate(chunks):
-            mb = micro_batch_loss(model, batch, rows_p, rows_n, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                  kl_in_loss=kl_in_loss, first_epoch=epoch == 0, group_size=group_size)
+            with lean_head_gradients(model, enabled=not dist.enabled) as in_place:  # one process: no (V, H) temps
+                mb = micro_batch_loss(model, batch, rows_p, rows_n, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                      kl_in_loss=kl_in_loss, first_epoch=epoch == 0, group_size=group_size,
+                                      head_grad_in_place=in_place)
             for key, value in mb.forward_metrics.items():
                 _add(first_epoch if key in FIRST_EPOCH else sums, key, value)
             if not torch.isfinite(mb.loss):
@@ -227,6 +233,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
                     break
             with backward_sync(model, dist, sync=i == len(chunks) - 1):  # one gradient all-reduce per update
                 (mb.loss * dist.world_size if dist.enabled else mb.loss).backward()
+            release_freed_memory()  # this micro-batch's activations: else the next one's land beside them
             for key, value in mb.backward_metrics.items():
                 _add(sums, key, value)
         grad_norm = guarded_step(model.parameters(), optimizer, scheduler, cfg.optim.max_grad_norm,
