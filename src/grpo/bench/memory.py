@@ -202,21 +202,24 @@ def _batch(overrides: list[str]) -> str:
 
 def table_rows(result: dict, source: str) -> str:
     """The README's memory table rows of one results file (GB = 1e9 bytes, as the issue's targets): the measured
-    entries, then the computed plans, each naming `source`."""
+    entries (with TRL's peak on the same model and batch where --trl measured it), then the computed plans, each
+    naming `source`."""
     rows = []
     for name, e in result.get("entries", {}).items():
         key = ENTRIES[name][0]
         method = "LoRA r=16" if "model.lora_rank=16" in e["overrides"] else "full"
         step = sum(e["step_s"]) / len(e["step_s"])
+        trl = result.get("trl", {}).get(name)
+        trl = f"{trl['peak_mb'] * 2**20 / 1e9:.2f}" if trl else "-"
         rows.append(f"| {LABELS[key]} | {method} | {_batch(e['overrides'])} | {e['peak_mb'] * 2**20 / 1e9:.2f} | "
                     f"{e['floor_mb'] * 2**20 / 1e9:.2f} ({e['peak_over_floor']:.2f}x) | "
-                    f"{e['planned_mb'] * 2**20 / 1e9:.2f} | {step:.0f} | `{source}` |")
+                    f"{e['planned_mb'] * 2**20 / 1e9:.2f} | {trl} | {step:.0f} | `{source}` |")
     for name, c in result.get("computed", {}).items():
         key = name.rsplit("-", 2)[0]
         method = "LoRA r=16" if "model.lora_rank=16" in c["overrides"] else "full"
         step = f"~{c['step_s_scaled']:.0f} (computed)" if c.get("step_s_scaled") else "-"
         rows.append(f"| {LABELS[key]} | {method} | {_batch(c['overrides'])} | computed | - | "
-                    f"{c['planned_mb'] * 2**20 / 1e9:.1f} (computed) | {step} | `{source}` |")
+                    f"{c['planned_mb'] * 2**20 / 1e9:.1f} (computed) | - | {step} | `{source}` |")
     return "\n".join(rows)
 
 
