@@ -83,7 +83,8 @@ def test_async_bench_spec_takes_the_command_lines_overrides_last_and_refuses_the
     from grpo.cli import main
 
     def args(*overrides, output="x.json"):
-        return Namespace(model="/m", quick=False, steps=None, repeats=2, overrides=list(overrides), output=output)
+        return Namespace(model="builtin:tiny", quick=False, steps=None, repeats=2, overrides=list(overrides),
+                         output=output)
 
     spec = spec_from_args(args("kl.coef=0.04"))
     assert spec["modes"] == ["sync", "async"] and spec["steps"] == 20 and spec["repeats"] == 2  # the real-model shape

@@ -39,14 +39,15 @@ def test_table_rows_render_the_results_file():
         "entries": {"qwen2.5-0.5b-full-defaults": {"overrides": [], "peak_mb": 10_000.0, "floor_mb": 7_536.0,
                                                    "peak_over_floor": 1.327, "planned_mb": 9_500.0,
                                                    "step_s": [100.0, 120.0]}},
+        "trl": {"qwen2.5-0.5b-full-defaults": {"peak_mb": 5_000.0}},
         "computed": {"qwen2.5-7b-lora16-P4": {"overrides": ["model.lora_rank=16", "rollout.prompts_per_step=4"],
                                               "planned_mb": 34_000.0, "step_s_scaled": 555.4}},
     }
     rows = memory.table_rows(result, "bench/results/memory.json").splitlines()
-    # by hand: 10,000 MiB = 10.49 GB; 7,536 MiB = 7.90 GB; 9,500 MiB = 9.96 GB; mean 110 s
-    assert rows[0] == ("| Qwen2.5-0.5B shape | full | P=16 G=8 T=32 | 10.49 | 7.90 (1.33x) | 9.96 | 110 | "
+    # by hand: 10,000 MiB = 10.49 GB; 7,536 MiB = 7.90 GB; 9,500 MiB = 9.96 GB; TRL 5,000 MiB = 5.24 GB; mean 110 s
+    assert rows[0] == ("| Qwen2.5-0.5B shape | full | P=16 G=8 T=32 | 10.49 | 7.90 (1.33x) | 9.96 | 5.24 | 110 | "
                        "`bench/results/memory.json` |")
-    assert rows[1] == ("| Qwen2.5-7B shape | LoRA r=16 | P=4 G=8 T=32 | computed | - | 35.7 (computed) | "
+    assert rows[1] == ("| Qwen2.5-7B shape | LoRA r=16 | P=4 G=8 T=32 | computed | - | 35.7 (computed) | - | "
                        "~555 (computed) | `bench/results/memory.json` |")
 
 
