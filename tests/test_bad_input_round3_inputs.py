@@ -85,6 +85,58 @@ def test_a_damaged_model_directory_is_one_message_in_train_and_eval(how, words, 
     assert code == EXIT_USER and words in err and f"model_dir={str(bad)!r}" in err, err
 
 
+# ------------------------------------------------------------------ SILENT: a model whose logits are NaN/inf
+
+
+def test_a_model_with_nan_weights_is_named_by_eval_and_train(model_dir, tmp_path, capsys):  # noqa: F811
+    bad = Path(shutil.copytree(model_dir, tmp_path / "nan-model"))
+    weights = load_file(bad / "model.safetensors")
+    weights["model.layers.0.mlp.up_proj.weight"][:] = float("nan")
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    cause = ("1 of its 20 weight tensors holds NaN/inf (the first: model.layers.0.mlp.up_proj.weight): its weights "
+             "are damaged")
+    words = (f"grpo: the model {bad} produces non-finite logits (NaN in the next-token logits of ", cause)
+    code, err = run(["eval", str(bad), "--n", "4"], capsys)  # was: accuracy 0.0000, exit 0
+    assert code == EXIT_USER and all(w in err for w in words) and "accuracy" not in err, err
+    for extra in (["train.preflight=stop"], ["train.preflight=off"]):  # was: the preflight blamed max_new_tokens
+        code, err = run(small(bad, tmp_path / "run", *extra), capsys)
+        assert code == EXIT_USER and all(w in err for w in words) and "max_new_tokens" not in err, err
+        assert not (tmp_path / "run").exists()  # found before the run directory is written
+    code, err = run([*small(bad, tmp_path / "run"), "--preflight"], capsys)
+    assert code == EXIT_USER and all(w in err for w in words), err
+
+
+def test_a_model_whose_finite_weights_overflow_is_named(model_dir, tmp_path, capsys):  # noqa: F811
+    bad = Path(shutil.copytree(model_dir, tmp_path / "huge-model"))
+    weights = load_file(bad / "model.safetensors")
+    weights["model.norm.weight"][:] = 3e38  # finite, but the final norm's output overflows float32
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    code, err = run(["eval", str(bad), "--n", "4"], capsys)
+    assert code == EXIT_USER and f"the model {bad} produces non-finite logits" in err, err
+    assert "its weights are all finite, so its activations overflow in float32" in err, err
+
+
+def test_the_sampler_names_non_finite_logits_once_a_call(model_dir, monkeypatch):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    from grpo.data import get_task
+    from grpo.errors import NonFiniteLogitsError
+    from grpo.models.loading import load_tokenizer
+    from grpo.rollout import sampler
+
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), load_tokenizer(model_dir)
+    prompts = get_task("arithmetic").split("test", 2)
+    checks, real = [], sampler.check_logits
+    monkeypatch.setattr(sampler, "check_logits", lambda m, logits: checks.append(logits.shape) or real(m, logits))
+    sampler.Sampler(model, tok, max_new_tokens=5, temperature=0.0, min_new_tokens=5).generate(prompts, 2)
+    assert len(checks) == 1 and checks[0][0] == 2  # the prefill's logits of the 2 prompts, not one per token
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteLogitsError, match=r"1 of its 20 weight tensors holds NaN/inf \(the first: "
+                                                   r"model.layers.1.self_attn.o_proj.weight\)"):
+        sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+
+
 # ------------------------------------------------------------------ SILENT / CRASH: LoRA target modules
 
 
