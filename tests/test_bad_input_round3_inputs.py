@@ -310,7 +310,8 @@ def test_a_gguf_file_cut_short_says_so_with_its_sizes(small_gguf, tmp_path, caps
 
     whole = small_gguf.read_bytes()
     check_gguf(small_gguf)  # the whole file passes
-    for cut, words in [(4, "is cut short at 4 bytes, inside its header"),
+    for cut, words in [(4, "is cut short at 4 bytes, inside its header; download"),  # no tensor count read
+                       (200, "is cut short at 200 bytes, inside its header (it declares 3 tensors); download"),
                        (len(whole) - 3 * 64 * 64 * 4 + 100, f"is cut short at {len(whole) - 3 * 64 * 64 * 4 + 100} of "
                                                             f"{len(whole)} bytes (its header declares 3 tensors)"),
                        (len(whole) - 1, f"is cut short at {len(whole) - 1} of {len(whole)} bytes")]:
