@@ -165,6 +165,8 @@ def test_a_reward_raising_on_some_rows_leaves_them_missing_in_evaluation(model_d
                           f"reward.functions=[{rewards}:picky]", "train.preflight=warn"), capsys)
     assert code == EXIT_OK, err
     assert "ValueError: cannot score" in caplog.text  # the runner's log of the raising rows, with the reason
+    # its traceback once by training's runner and once by evaluation's judge, not once per evaluation (4 here)
+    assert caplog.text.count("reward function 'picky' raised; the sample(s) count as missing") == 2, caplog.text
     caplog.clear()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert 0.0 <= summary["eval/accuracy_after"] <= 1.0

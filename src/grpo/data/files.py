@@ -199,6 +199,7 @@ class FileTask:
         self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
         self.reward_limits = dict(reward_limits or {})  # RewardRunner's timeout_s, max_abs, max_failure_frac
+        self._judge_logged: set = set()  # failures the judge logged: each traceback once, not once per evaluation
         self._where: dict[str, str] = {}  # uid -> "file line N", for messages
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
@@ -350,7 +351,7 @@ class FileTask:
         keys = sorted({k for p in prompts for k in p.meta})
         columns = {"answer": [p.answer for p in prompts], **{k: [p.meta.get(k) for p in prompts] for k in keys}}
         limits = {**self.reward_limits, "max_failure_frac": 1.0}  # judging goes on: a failed sample is not correct
-        with RewardRunner([(name, fn, 1.0, *options)], **limits) as runner:
+        with RewardRunner([(name, fn, 1.0, *options)], **limits, logged=self._judge_logged) as runner:
             res = runner([p.text for p in prompts], list(completions), columns)
         values, status = res.per_function[name].tolist(), res.status[name]
         failed = {c: status.count(c) for c in ("error", "timeout", "invalid") if status.count(c)}
