@@ -203,6 +203,23 @@ def test_the_preflight_names_nan_and_timeouts_not_none(fn, words, model_dir, tmp
     assert "returned None" not in err
 
 
+@pytest.mark.parametrize(("fn", "why"), [("nan", "returned NaN/inf or a value past reward.max_abs on 4"),
+                                       ("sleepy", "timed out (reward.timeout_s) on 4")])
+def test_grpo_eval_with_a_reward_that_judges_nothing_says_so_not_accuracy_0(fn, why, model_dir, tmp_path,  # noqa: F811
+                                                                          capsys, rewards, caplog):
+    path = data_file(tmp_path, "train.jsonl", GOOD)
+    code = main(["eval", str(model_dir), f"reward.functions=[{rewards}:{fn}]", "reward.timeout_s=0.5",
+                 "data.test_fraction=0.5", "--data", str(path), "--n", "4"])
+    out = capsys.readouterr()
+    assert code == 3 and "Traceback" not in out.err, out.err  # was: accuracy 0.0000, exit 0
+    assert (f"grpo: RewardsMissing: reward '{fn}' could not judge any of the 4 held-out completions ({why}; logged "
+            "above): no accuracy was measured") in out.err, out.err
+    assert "accuracy" not in out.out
+    # the words of every caller: evaluation's warning (training's evaluations too) says what the preflight says
+    assert f"reward '{fn}' could not judge 4 of 4 held-out completions ({why}); they count as not correct" \
+        in caplog.text
+
+
 # ------------------------------------------------------------------ UNCLEAR / SILENT: data files as their format reads
 
 

@@ -45,7 +45,7 @@ from grpo.sandbox.fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError, RewardValues
 from grpo.rewards.specs import reward_spec
 
-__all__ = ["RewardRunner", "RewardResult", "RewardSpec", "reward_mean_std"]
+__all__ = ["STATUS_CAUSES", "RewardResult", "RewardRunner", "RewardSpec", "reward_mean_std"]
 
 logger = logging.getLogger("grpo.rewards")
 
@@ -81,6 +81,12 @@ def reward_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
     if not present.numel():
         return float("nan"), float("nan")
     return float(present.mean()), float(present.std(correction=0))
+
+
+# what a function did to a sample, by its status in RewardResult.status: the words of every message that names a
+# cause (the preflight's verdicts, evaluation's "could not judge")
+STATUS_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
+                 "invalid": "returned NaN/inf or a value past reward.max_abs"}
 
 
 class _Invalid(Exception):
