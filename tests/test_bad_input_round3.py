@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import stat
@@ -131,7 +130,7 @@ def test_disk_full_at_the_final_save_keeps_the_checkpoint_and_says_how_to_finish
         assert code == EXIT_FAILURE
         assert re.search(rf"the disk is full \(No space left on device\) on {disk} \([0-9.]+ \w+ free of 8.0 MiB\) "
                          rf"while writing {run_dir / 'final'} \(the final model \(step 2\); tried 2 time\(s\), a fresh "
-                         "directory each time\)", err), err
+                         r"directory each time\)", err), err
         assert "unexpected pos" not in err and "enforce fail" not in err
         assert f"The last committed checkpoint is intact: {run_dir / 'checkpoints' / 'step-000002'}" in err
         assert f"--output-dir {run_dir} --resume" in err

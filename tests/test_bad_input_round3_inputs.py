@@ -85,6 +85,58 @@ def test_a_damaged_model_directory_is_one_message_in_train_and_eval(how, words, 
     assert code == EXIT_USER and words in err and f"model_dir={str(bad)!r}" in err, err
 
 
+# ------------------------------------------------------------------ SILENT: a model whose logits are NaN/inf
+
+
+def test_a_model_with_nan_weights_is_named_by_eval_and_train(model_dir, tmp_path, capsys):  # noqa: F811
+    bad = Path(shutil.copytree(model_dir, tmp_path / "nan-model"))
+    weights = load_file(bad / "model.safetensors")
+    weights["model.layers.0.mlp.up_proj.weight"][:] = float("nan")
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    cause = ("1 of its 20 weight tensors holds NaN/inf (the first: model.layers.0.mlp.up_proj.weight): its weights "
+             "are damaged")
+    words = (f"grpo: the model {bad} produces non-finite logits (NaN in the next-token logits of ", cause)
+    code, err = run(["eval", str(bad), "--n", "4"], capsys)  # was: accuracy 0.0000, exit 0
+    assert code == EXIT_USER and all(w in err for w in words) and "accuracy" not in err, err
+    for extra in (["train.preflight=stop"], ["train.preflight=off"]):  # was: the preflight blamed max_new_tokens
+        code, err = run(small(bad, tmp_path / "run", *extra), capsys)
+        assert code == EXIT_USER and all(w in err for w in words) and "max_new_tokens" not in err, err
+        assert not (tmp_path / "run").exists()  # found before the run directory is written
+    code, err = run([*small(bad, tmp_path / "run"), "--preflight"], capsys)
+    assert code == EXIT_USER and all(w in err for w in words), err
+
+
+def test_a_model_whose_finite_weights_overflow_is_named(model_dir, tmp_path, capsys):  # noqa: F811
+    bad = Path(shutil.copytree(model_dir, tmp_path / "huge-model"))
+    weights = load_file(bad / "model.safetensors")
+    weights["model.norm.weight"][:] = 3e38  # finite, but the final norm's output overflows float32
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    code, err = run(["eval", str(bad), "--n", "4"], capsys)
+    assert code == EXIT_USER and f"the model {bad} produces non-finite logits" in err, err
+    assert "its weights are all finite, so its activations overflow in float32" in err, err
+
+
+def test_the_sampler_names_non_finite_logits_once_a_call(model_dir, monkeypatch):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    from grpo.data import get_task
+    from grpo.errors import NonFiniteLogitsError
+    from grpo.models.loading import load_tokenizer
+    from grpo.rollout import sampler
+
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), load_tokenizer(model_dir)
+    prompts = get_task("arithmetic").split("test", 2)
+    checks, real = [], sampler.check_logits
+    monkeypatch.setattr(sampler, "check_logits", lambda m, logits: checks.append(logits.shape) or real(m, logits))
+    sampler.Sampler(model, tok, max_new_tokens=5, temperature=0.0, min_new_tokens=5).generate(prompts, 2)
+    assert len(checks) == 1 and checks[0][0] == 2  # the prefill's logits of the 2 prompts, not one per token
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteLogitsError, match=r"1 of its 20 weight tensors holds NaN/inf \(the first: "
+                                                   r"model.layers.1.self_attn.o_proj.weight\)"):
+        sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+
+
 # ------------------------------------------------------------------ SILENT / CRASH: LoRA target modules
 
 
@@ -113,6 +165,8 @@ def test_a_reward_raising_on_some_rows_leaves_them_missing_in_evaluation(model_d
                           f"reward.functions=[{rewards}:picky]", "train.preflight=warn"), capsys)
     assert code == EXIT_OK, err
     assert "ValueError: cannot score" in caplog.text  # the runner's log of the raising rows, with the reason
+    # its traceback once by training's runner and once by evaluation's judge, not once per evaluation (4 here)
+    assert caplog.text.count("reward function 'picky' raised; the sample(s) count as missing") == 2, caplog.text
     caplog.clear()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert 0.0 <= summary["eval/accuracy_after"] <= 1.0
@@ -147,6 +201,23 @@ def test_the_preflight_names_nan_and_timeouts_not_none(fn, words, model_dir, tmp
     assert code == 3 and "Traceback" not in err, err
     assert words in err, err
     assert "returned None" not in err
+
+
+@pytest.mark.parametrize(("fn", "why"), [("nan", "returned NaN/inf or a value past reward.max_abs on 4"),
+                                       ("sleepy", "timed out (reward.timeout_s) on 4")])
+def test_grpo_eval_with_a_reward_that_judges_nothing_says_so_not_accuracy_0(fn, why, model_dir, tmp_path,  # noqa: F811
+                                                                          capsys, rewards, caplog):
+    path = data_file(tmp_path, "train.jsonl", GOOD)
+    code = main(["eval", str(model_dir), f"reward.functions=[{rewards}:{fn}]", "reward.timeout_s=0.5",
+                 "data.test_fraction=0.5", "--data", str(path), "--n", "4"])
+    out = capsys.readouterr()
+    assert code == 3 and "Traceback" not in out.err, out.err  # was: accuracy 0.0000, exit 0
+    assert (f"grpo: RewardsMissing: reward '{fn}' could not judge any of the 4 held-out completions ({why}; logged "
+            "above): no accuracy was measured") in out.err, out.err
+    assert "accuracy" not in out.out
+    # the words of every caller: evaluation's warning (training's evaluations too) says what the preflight says
+    assert f"reward '{fn}' could not judge 4 of 4 held-out completions ({why}); they count as not correct" \
+        in caplog.text
 
 
 # ------------------------------------------------------------------ UNCLEAR / SILENT: data files as their format reads
@@ -258,7 +329,8 @@ def test_a_gguf_file_cut_short_says_so_with_its_sizes(small_gguf, tmp_path, caps
 
     whole = small_gguf.read_bytes()
     check_gguf(small_gguf)  # the whole file passes
-    for cut, words in [(4, "is cut short at 4 bytes, inside its header"),
+    for cut, words in [(4, "is cut short at 4 bytes, inside its header; download"),  # no tensor count read
+                       (200, "is cut short at 200 bytes, inside its header (it declares 3 tensors); download"),
                        (len(whole) - 3 * 64 * 64 * 4 + 100, f"is cut short at {len(whole) - 3 * 64 * 64 * 4 + 100} of "
                                                             f"{len(whole)} bytes (its header declares 3 tensors)"),
                        (len(whole) - 1, f"is cut short at {len(whole) - 1} of {len(whole)} bytes")]:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from grpo.bench.children import BenchRunError, run_failure
 from grpo.errors import UserError

@@ -153,6 +153,11 @@ def _eval(args) -> int:
                                       max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                       temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
                                       progress=ph.update, **env_limits(cfg))  # progress on stderr: --json stays clean
+    unjudged = task.unjudged() if hasattr(task, "unjudged") else None  # a data file's reward judged nothing
+    if unjudged is not None:
+        from grpo.train.guards import RewardsMissing
+
+        raise RewardsMissing(unjudged)  # exit 3, as the preflight and training on a reward that never gives a value
     out = {**res, "task": task.name, "model": str(path)} | ({"data": cfg.data.path} if cfg.data.path else {})
     if args.output:  # one JSON line per problem, written whole or not at all (its path was checked before the work)
         write_text_atomic(args.output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

@@ -6,6 +6,7 @@
     │   │   ├── DataFileError             a data set file, row or column         (also `grpo.data.files.DataFileError`)
     │   │   └── MissingExtraError         a setting needs an optional package (`pip install 'grpo[...]'`)
     │   ├── ModelDirError                 a model or tokenizer directory that cannot be loaded
+    │   │   └── NonFiniteLogitsError      a model whose logits are NaN/inf (damaged weights, or overflow in its dtype)
     │   ├── RewardOutputError             a reward function's output breaks the protocol (NaN, wrong count, ...)
     │   └── RunDirError                   a run directory (`grpo report`) that is not one
     ├── DiskFullError                   no space left while writing a file (names the disk, the file, what is kept)
@@ -30,10 +31,9 @@ from __future__ import annotations
 import signal
 
 __all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError",
-           "DiskFullError", "GrpoError",
-           "HealthGuardError", "MissingExtraError", "ModelDirError", "Preempted", "RewardOutputError", "RolloutWorkerError", "RunDirError",
-           "RunStopped",
-           "UserError"]
+           "DiskFullError", "GrpoError", "HealthGuardError", "MissingExtraError", "ModelDirError",
+           "NonFiniteLogitsError", "Preempted", "RewardOutputError", "RolloutWorkerError", "RunDirError",
+           "RunStopped", "UserError"]
 
 EXIT_OK, EXIT_FAILURE, EXIT_USER, EXIT_HEALTH = 0, 1, 2, 3
 
@@ -65,6 +65,16 @@ class MissingExtraError(ConfigError, ImportError):
 
 class ModelDirError(UserError):
     """A model or tokenizer directory that cannot be loaded (missing, no config, weights cut short, no tokenizer)."""
+
+
+class NonFiniteLogitsError(ModelDirError):
+    """A model whose next-token logits are NaN or +inf (or all -inf) on a prompt: its weights hold NaN/inf, or its
+    activations overflow in its dtype. Raised by the sampler (grpo.rollout.sampler), so `grpo eval`, the preflight and
+    every evaluation name it instead of scoring its garbage 0.
+
+    Bad input (exit 2), like a damaged model directory, not a health guard (exit 3): it is the model the user gave
+    (or its model.dtype) that is broken, it is found before step 1 (the preflight, the first evaluation, `grpo eval`),
+    and no setting of the run nor a resume fixes it; there is no trained step to commit."""
 
 
 class RewardOutputError(UserError):

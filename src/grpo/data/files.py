@@ -199,6 +199,8 @@ class FileTask:
         self.auto_templated = False  # data.plain_prompts=auto put a plain prompt through the chat template
         self.keep_empty = keep_empty
         self.reward_limits = dict(reward_limits or {})  # RewardRunner's timeout_s, max_abs, max_failure_frac
+        self._judge_logged: set = set()  # failures the judge logged: each traceback once, not once per evaluation
+        self.judge_counts = {"completions": 0, "error": 0, "timeout": 0, "invalid": 0}  # over every judged batch
         self._where: dict[str, str] = {}  # uid -> "file line N", for messages
         self._tokenizer, self._tokenizer_loader = tokenizer, tokenizer_loader
         self._specs = _reward_specs(reward_functions)
@@ -350,24 +352,49 @@ class FileTask:
         keys = sorted({k for p in prompts for k in p.meta})
         columns = {"answer": [p.answer for p in prompts], **{k: [p.meta.get(k) for p in prompts] for k in keys}}
         limits = {**self.reward_limits, "max_failure_frac": 1.0}  # judging goes on: a failed sample is not correct
-        with RewardRunner([(name, fn, 1.0, *options)], **limits) as runner:
+        with RewardRunner([(name, fn, 1.0, *options)], **limits, logged=self._judge_logged) as runner:
             res = runner([p.text for p in prompts], list(completions), columns)
         values, status = res.per_function[name].tolist(), res.status[name]
-        failed = {c: status.count(c) for c in ("error", "timeout", "invalid") if status.count(c)}
+        failed = {c: status.count(c) for c in _JUDGE_FAILURES if status.count(c)}
+        self.judge_counts["completions"] += len(values)
+        for c, k in failed.items():
+            self.judge_counts[c] += k
         if failed:
-            why = {"error": "raised", "timeout": "timed out", "invalid": "returned NaN/inf"}
             log.warning("reward %r could not judge %d of %d held-out completions (%s); they count as not correct",
-                        name, sum(failed.values()), len(values),
-                        ", ".join(f"{why[c]} on {k}" for c, k in failed.items()))
+                        name, sum(failed.values()), len(values), _failures(failed))
         top = float(getattr(fn, "max_reward", 1.0)) - 1e-9
         return [v == v and v >= top for v in values]  # v != v: NaN, the sample is missing
 
     def is_correct(self, prompt: Prompt, completion: str) -> bool:
         return self.is_correct_batch([prompt], [completion])[0]
 
+    def unjudged(self) -> str | None:
+        """When the judge (the first reward function) gave no value for any completion it was asked about (it
+        raised, timed out or returned NaN/inf on every one): what to say instead of an accuracy of 0, which
+        would not be a measurement; else None. `grpo eval` stops with it, as the preflight and training stop on a
+        reward that never gives a value (training's evaluations go on: its reward guard stops the run)."""
+        counts = dict(self.judge_counts)
+        n = counts.pop("completions")
+        if not n or sum(counts.values()) < n:
+            return None
+        return (f"reward {self._judge[0]!r} could not judge any of the {n} held-out completions "
+                f"({_failures({c: k for c, k in counts.items() if k})}; logged above): no accuracy was measured. "
+                "Fix the function, or raise reward.timeout_s if it timed out")
+
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
                                   "uses them)")
+
+
+_JUDGE_FAILURES = ("error", "timeout", "invalid")  # the runner's statuses of a sample the judge could not judge
+
+
+def _failures(counts: dict[str, int]) -> str:
+    """{status: count} of the judge's failed samples -> "raised on 2, timed out (reward.timeout_s) on 1" (the
+    runner's words, as the preflight says them)."""
+    from grpo.rewards.runner import STATUS_CAUSES
+
+    return ", ".join(f"{STATUS_CAUSES[c]} on {k}" for c, k in counts.items())
 
 
 PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)

@@ -74,7 +74,7 @@ def check_gguf(gguf: str | os.PathLike) -> None:
     size = gguf.stat().st_size
     again = "download or copy it again (an interrupted copy?)"
     with open(gguf, "rb") as f:
-        head = _Header(f, size)
+        head, tensors = _Header(f, size), None
         try:
             if f.read(4) != b"GGUF":
                 raise ModelDirError(f"{gguf}: not a GGUF file (it does not start with the GGUF magic)")
@@ -92,8 +92,8 @@ def check_gguf(gguf: str | os.PathLike) -> None:
                 infos.append((name, shape, head.unpack("<I"), head.unpack("<Q")))
             end_of_header = f.tell()
         except _Short:
-            raise ModelDirError(f"{gguf} is cut short at {size} bytes, inside its header (it declares "
-                                f"{locals().get('tensors', '?')} tensors); {again}") from None
+            declares = f" (it declares {tensors} tensors)" if tensors is not None else ""  # read before the cut
+            raise ModelDirError(f"{gguf} is cut short at {size} bytes, inside its header{declares}; {again}") from None
         except (ValueError, struct.error) as e:
             raise ModelDirError(f"{gguf}: an unreadable GGUF header ({e}); {again}") from None
     try:

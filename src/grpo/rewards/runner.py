@@ -45,7 +45,7 @@ from grpo.sandbox.fork import FORK_AVAILABLE, LiveChildren, run_forked
 from grpo.rewards.base import RewardFunctionError, RewardValues
 from grpo.rewards.specs import reward_spec
 
-__all__ = ["RewardRunner", "RewardResult", "RewardSpec", "reward_mean_std"]
+__all__ = ["STATUS_CAUSES", "RewardResult", "RewardRunner", "RewardSpec", "reward_mean_std"]
 
 logger = logging.getLogger("grpo.rewards")
 
@@ -81,6 +81,12 @@ def reward_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
     if not present.numel():
         return float("nan"), float("nan")
     return float(present.mean()), float(present.std(correction=0))
+
+
+# what a function did to a sample, by its status in RewardResult.status: the words of every message that names a
+# cause (the preflight's verdicts, evaluation's "could not judge")
+STATUS_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
+                 "invalid": "returned NaN/inf or a value past reward.max_abs"}
 
 
 class _Invalid(Exception):
@@ -206,7 +212,8 @@ class RewardRunner:
         RewardSpec objects, or bare callables (named by __name__, weight 1).
     timeout_s: per-call wall-clock limit (default 10 s). max_failure_frac: share of one call's samples a function
     may raise on before RewardFunctionError. retry_per_sample: after an exception or a timeout on the whole batch,
-    retry one sample at a time to isolate the bad ones (otherwise the whole batch is missing).
+    retry one sample at a time to isolate the bad ones (otherwise the whole batch is missing). logged: the set of
+    (function, failure kind) already logged, shared by runners that should log each once (default: this runner's).
     """
 
     def __init__(
@@ -217,6 +224,7 @@ class RewardRunner:
         max_failure_frac: float = 0.5,
         retry_per_sample: bool = True,
         max_abs: float = DEFAULT_MAX_ABS,
+        logged: set | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
@@ -238,7 +246,9 @@ class RewardRunner:
         self.retry_per_sample = retry_per_sample
         self._live = LiveChildren()
         self._pool = ThreadPoolExecutor(max_workers=len(self.specs), thread_name_prefix="grpo-reward")
-        self._logged: set[tuple[str, str]] = set()
+        # (function, failure kind) already logged at WARNING; a caller that builds a runner per call (evaluation's
+        # judge) passes one set, so a traceback is logged once per function and kind across its calls
+        self._logged: set[tuple[str, str]] = logged if logged is not None else set()
         self._closed = False
 
     @staticmethod

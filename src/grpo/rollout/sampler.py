@@ -9,6 +9,9 @@
 Finished rows leave the batch once they are at least 1/8 of it, so a compaction, which copies the generated
 part of the cache, is paid rarely; until then they ride along and their samples are ignored.
 
+The prefill's next-token logits are checked once per call (check_logits; no per-token cost): a model whose logits
+are NaN/inf is a NonFiniteLogitsError naming it, never completions of garbage scored 0.
+
 Sampling is temperature / top-p; `temperature=0` means greedy. All the randomness of a call is one
 (N, T) tensor of uniforms drawn up front and each token is the inverse CDF at its own uniform, so the
 tokens do not depend on batching or compaction (the tests compare them with an uncached reference). The
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo.errors import NonFiniteLogitsError
 from grpo.models.forward import cache_kwargs, output_cache, position_ids_from_mask
 from grpo.rollout.decode import LeanDecoder, expand_cache
 from grpo.tokens import prompt_token_ids
@@ -47,6 +51,49 @@ def encode_prompts(tokenizer, prompts: list[Prompt], max_prompt_tokens: int | No
         prompt_ids[i, L - len(ids):] = torch.tensor(ids)
         prompt_mask[i, L - len(ids):] = 1
     return prompt_ids, prompt_mask
+
+
+def check_logits(model: torch.nn.Module, logits: torch.Tensor) -> None:
+    """Raise NonFiniteLogitsError when a row of the next-token logits (B, V) holds a NaN or +inf, or has no finite
+    value at all; a -inf for some tokens (a token the model never emits) is fine. The message names the model (the
+    directory it was loaded from), what the logits hold, and the cause: weight tensors holding NaN/inf (named), or
+    else finite weights whose activations overflow in the model's dtype."""
+    nan, posinf = torch.isnan(logits).any(-1), torch.isposinf(logits).any(-1)
+    bad = nan | posinf | torch.isneginf(logits).all(-1)
+    if not bool(bad.any()):
+        return
+    what = "NaN" if bool(nan.any()) else "+inf" if bool(posinf.any()) else "-inf for every token"
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or "")
+    params = list(model.named_parameters())
+    broken = [n for n, p in params if not bool(torch.isfinite(p).all())]
+    dtype = str(params[0][1].dtype).removeprefix("torch.") if params else "its dtype"
+    if broken:
+        cause = (f"{len(broken)} of its {len(params)} weight tensors {'holds' if len(broken) == 1 else 'hold'} NaN/inf "
+                 f"(the first: {broken[0]}): its weights are damaged; copy or save the model again from a good source")
+    else:
+        cause = (f"its weights are all finite, so its activations overflow in {dtype}"
+                 + ("; load it in float32 (model.dtype=float32)" if dtype != "float32" else
+                    ": some weights are too large (a bad conversion or merge?)"))
+    rows = "its prompt" if bad.numel() == 1 else f"{int(bad.sum())} of {bad.numel()} prompts"
+    raise NonFiniteLogitsError(f"the model {name or '(in memory)'} produces non-finite logits ({what} in the "
+                               f"next-token logits of {rows}): {cause}. Its completions would be garbage, scored 0")
+
+
+@torch.no_grad()
+def check_model_logits(model: torch.nn.Module, tokenizer, prompts: list[Prompt]) -> None:
+    """One forward pass of `prompts` (the trainer passes its first training prompt, before a run writes anything),
+    then check_logits on their next-token logits."""
+    device = next(model.parameters()).device
+    ids, mask = encode_prompts(tokenizer, prompts)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                    position_ids=position_ids_from_mask(mask).to(device), logits_to_keep=1)
+    finally:
+        model.train(was_training)
+    check_logits(model, out.logits[:, -1])
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor | None):
@@ -170,6 +217,7 @@ class Sampler:
         lean = LeanDecoder.for_model(model)
         cache, grouped = expand_cache(output_cache(out), prompt_mask, n, T, grouped=lean is not None)
         step = lean if grouped else None
+        check_logits(model, out.logits[:, -1])  # once a call: a model with NaN/inf logits is named, not scored 0
         logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)
         del out
         # the attention mask of the whole run, written once; step t passes its first L+t+1 columns

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.errors import HealthGuardError
+from grpo.rewards.runner import STATUS_CAUSES
 
 
 class PreflightError(HealthGuardError):
@@ -133,8 +134,7 @@ def merge_batches(first: dict, more: dict) -> dict:
             "all_same_reward": same if same is not None and more["all_same_reward"] == same else None}
 
 
-_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
-           "invalid": "returned NaN/inf or a value past reward.max_abs"}
+_CAUSES = STATUS_CAUSES  # the runner's words, shared with evaluation's "could not judge"
 
 
 def _reward_stats(values: torch.Tensor, status: list[str] | None = None) -> dict:

@@ -28,6 +28,7 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
+from grpo.rollout.sampler import check_model_logits
 from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.progress import Phase
@@ -115,6 +116,8 @@ class Trainer:
         if note is not None:  # optimizer is built: a model under 200M parameters learns at 1e-5 (train/defaults.py)
             print_note(note, console)
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
+        if self.train_prompts:  # a model with NaN/inf logits is named now, before the run directory is written
+            check_model_logits(self.policy, self.tokenizer, self.train_prompts[:1])
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
         note = held_out_note(cfg, len(held_out), len(self.eval_prompts), len(self.val_prompts))
         if note is not None:
