@@ -216,6 +216,7 @@ def lean_head_gradients(model, enabled: bool):
     the head, each then added to .grad: up to three beside .grad with tied weights, 1.6 GiB at 0.5B.
     Changes nothing unless `enabled` (one process: DDP's and FSDP's hooks must see every gradient); the head part
     needs a plain head (`plain_output_head`), each part a trainable leaf tensor. Yields whether the head part applies.
+    A tensor hook on the embedding's weight sees the sparse gradient of the lookup, one on the head's sees none.
     """
     head = plain_output_head(model) if enabled else None
     head_applies = _trainable_leaf(getattr(head, "weight", None))
