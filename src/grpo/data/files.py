@@ -42,6 +42,7 @@ from typing import Any
 
 from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_of, explain_failure
 from grpo.errors import DataFileError
+from grpo.rewards.base import failure_words
 from grpo.rewards.specs import reward_specs
 from grpo.types import Prompt
 
@@ -355,13 +356,13 @@ class FileTask:
         with RewardRunner([(name, fn, 1.0, *options)], **limits, logged=self._judge_logged) as runner:
             res = runner([p.text for p in prompts], list(completions), columns)
         values, status = res.per_function[name].tolist(), res.status[name]
-        failed = {c: status.count(c) for c in _JUDGE_FAILURES if status.count(c)}
+        failed = {c: status.count(c) for c in ("error", "timeout", "invalid") if status.count(c)}
         self.judge_counts["completions"] += len(values)
         for c, k in failed.items():
             self.judge_counts[c] += k
         if failed:
             log.warning("reward %r could not judge %d of %d held-out completions (%s); they count as not correct",
-                        name, sum(failed.values()), len(values), _failures(failed))
+                        name, sum(failed.values()), len(values), failure_words(failed))
         top = float(getattr(fn, "max_reward", 1.0)) - 1e-9
         return [v == v and v >= top for v in values]  # v != v: NaN, the sample is missing
 
@@ -378,23 +379,12 @@ class FileTask:
         if not n or sum(counts.values()) < n:
             return None
         return (f"reward {self._judge[0]!r} could not judge any of the {n} held-out completions "
-                f"({_failures({c: k for c, k in counts.items() if k})}; logged above): no accuracy was measured. "
+                f"({failure_words({c: k for c, k in counts.items() if k})}; logged above): no accuracy was measured. "
                 "Fix the function, or raise reward.timeout_s if it timed out")
 
     def demonstration(self, prompt: Prompt, rng=None) -> str:
         raise NotImplementedError("a data set file has no demonstrations (only the built-in model's warm-up "
                                   "uses them)")
-
-
-_JUDGE_FAILURES = ("error", "timeout", "invalid")  # the runner's statuses of a sample the judge could not judge
-
-
-def _failures(counts: dict[str, int]) -> str:
-    """{status: count} of the judge's failed samples -> "raised on 2, timed out (reward.timeout_s) on 1" (the
-    runner's words, as the preflight says them)."""
-    from grpo.rewards.runner import STATUS_CAUSES
-
-    return ", ".join(f"{STATUS_CAUSES[c]} on {k}" for c, k in counts.items())
 
 
 PLAIN_PROMPTS_KEY = "grpo_plain_prompts"  # = grpo.models.builtin.PLAIN_PROMPTS_KEY (data/ does not import models/)

@@ -29,6 +29,7 @@ from grpo.errors import UserError
 
 __all__ = [
     "REWARD_FUNCTIONS",
+    "STATUS_CAUSES",
     "RewardFunctionError",
     "RewardValues",
     "UnknownRewardFunction",
@@ -36,6 +37,7 @@ __all__ = [
     "get_reward_function",
     "completion_text",
     "prompt_text",
+    "failure_words",
 ]
 
 REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {}
@@ -182,3 +184,14 @@ def prompt_text(prompt: Any) -> str:
     if isinstance(prompt, (list, tuple)):
         return "\n".join(_content_text(m.get("content")) if isinstance(m, dict) else str(m) for m in prompt)
     return completion_text(prompt)
+
+
+# what a function did to a sample, by its status in RewardResult.status: the words of every message that names a
+# cause (the preflight's verdicts, evaluation's "could not judge")
+STATUS_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
+                 "invalid": "returned NaN/inf or a value past reward.max_abs"}
+
+
+def failure_words(counts: dict[str, int]) -> str:
+    """{status: count} of failed samples -> "raised on 2, timed out (reward.timeout_s) on 1" (STATUS_CAUSES' words)."""
+    return ", ".join(f"{STATUS_CAUSES[c]} on {k}" for c, k in counts.items())

@@ -16,12 +16,10 @@ Failure semantics (RELIABILITY.md sections 3 and 9, cases 4-7):
   process group, at `timeout_s`. After a timeout the samples are retried one at a time in a new child, streaming
   results back, for at most one more `timeout_s`; samples without a result by then are missing (status "timeout").
   So one function costs at most about 2 x timeout_s. Timeouts make samples missing but do not count as failures.
-- Wrong length, NaN, inf or a non-number is a bug in the function: RewardOutputError (a grpo.errors.UserError,
-  so a ValueError) naming it and the index.
-- Functions run concurrently in threads, so slow verifiers overlap. Functions that must not fork (a torch model:
-  `in_process=True`, e.g. RewardModel) run in their thread with no kill on timeout.
-The total is NaN when any weighted function is missing for a sample, because a partial sum mixes scales (a sample
-that lost its correctness reward would be ranked by its format reward alone); functions with weight 0 are logged only.
+- A wrong length or a non-number: RewardOutputError (a UserError) naming the function and the index; NaN, inf or a
+  value past max_abs makes that sample missing (status "invalid").
+- Functions run concurrently in threads; those that must not fork (`in_process=True`, e.g. RewardModel) run in
+  their thread with no kill on timeout. A sample missing any weighted function has total NaN.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ import torch
 
 from grpo.errors import ConfigError, RewardOutputError
 from grpo.sandbox.fork import FORK_AVAILABLE, LiveChildren, run_forked
-from grpo.rewards.base import RewardFunctionError, RewardValues
+from grpo.rewards.base import STATUS_CAUSES, RewardFunctionError, RewardValues
 from grpo.rewards.specs import reward_spec
 
 __all__ = ["STATUS_CAUSES", "RewardResult", "RewardRunner", "RewardSpec", "reward_mean_std"]
@@ -81,12 +79,6 @@ def reward_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
     if not present.numel():
         return float("nan"), float("nan")
     return float(present.mean()), float(present.std(correction=0))
-
-
-# what a function did to a sample, by its status in RewardResult.status: the words of every message that names a
-# cause (the preflight's verdicts, evaluation's "could not judge")
-STATUS_CAUSES = {"none": "returned None", "error": "raised", "timeout": "timed out (reward.timeout_s)",
-                 "invalid": "returned NaN/inf or a value past reward.max_abs"}
 
 
 class _Invalid(Exception):
@@ -212,8 +204,7 @@ class RewardRunner:
         RewardSpec objects, or bare callables (named by __name__, weight 1).
     timeout_s: per-call wall-clock limit (default 10 s). max_failure_frac: share of one call's samples a function
     may raise on before RewardFunctionError. retry_per_sample: after an exception or a timeout on the whole batch,
-    retry one sample at a time to isolate the bad ones (otherwise the whole batch is missing). logged: the set of
-    (function, failure kind) already logged, shared by runners that should log each once (default: this runner's).
+    retry one sample at a time to isolate the bad ones (else the whole batch is missing). logged: a shared set.
     """
 
     def __init__(
@@ -246,8 +237,7 @@ class RewardRunner:
         self.retry_per_sample = retry_per_sample
         self._live = LiveChildren()
         self._pool = ThreadPoolExecutor(max_workers=len(self.specs), thread_name_prefix="grpo-reward")
-        # (function, failure kind) already logged at WARNING; a caller that builds a runner per call (evaluation's
-        # judge) passes one set, so a traceback is logged once per function and kind across its calls
+        # (function, failure kind) logged at WARNING; evaluation's judge shares one set across its runners
         self._logged: set[tuple[str, str]] = logged if logged is not None else set()
         self._closed = False
 
