@@ -112,3 +112,25 @@ def test_the_optimizer_step_builds_no_parameter_sized_temporaries():
     allocations = {e.name: e.cpu_memory_usage for e in prof.events() if e.name.startswith("aten::")
                    and e.cpu_memory_usage >= size / 2}
     assert allocations == {}
+
+
+def test_each_optimizer_step_changes_what_the_engine_reads_as_the_weights_version():
+    """The vLLM engine reloads the weights only when `param_versions` changed since its last sync. torch's fused
+    AdamW writes the parameters without bumping their version counters, so without build_optimizer's hook the
+    engine kept sampling from the first step's weights (CI: rollout/logp_diff 0.01 from step 2 on). A parameter
+    without a gradient (skipped by the step) keeps its version."""
+    from grpo.config import load_config
+    from grpo.rollout.vllm_engine import param_versions
+    from grpo.train.optim import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer, _ = build_optimizer(list(model.parameters()), load_config(None, []).optim, total_steps=10)
+    assert optimizer.defaults["fused"]  # the case the hook is for
+    for step in range(2):
+        before = param_versions(model)
+        for p in model[0].parameters():
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+        after = param_versions(model)
+        assert after["0.weight"] != before["0.weight"] and after["0.bias"] != before["0.bias"], step
+        assert after["1.weight"] == before["1.weight"]

@@ -13,10 +13,15 @@ def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None
     AdamW is torch's fused kernel where it applies (plain CPU or CUDA tensors, not FSDP's DTensors): on the CPU the
     default per-parameter loop builds two temporaries the size of the parameter in each step (1 GiB at a 0.5B
     model's 151,936 x 896 embedding, while the gradients are alive); the update is the same AdamW
-    (tests/train/test_wiring_optim.py)."""
+    (tests/train/test_wiring_optim.py). The fused kernel writes the parameters without bumping their in-place
+    version counters, which the vLLM engine reads to know that the weights changed (rollout/vllm_engine.py
+    `param_versions`): a hook bumps them after each step, as the per-parameter loop's own writes do."""
     params = [p for p in params if p.requires_grad]
+    fused = _fused_applies(params)
     opt = torch.optim.AdamW(params, lr=lr or optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                            weight_decay=optim_cfg.weight_decay, fused=_fused_applies(params) or None)
+                            weight_decay=optim_cfg.weight_decay, fused=fused or None)
+    if fused:
+        opt.register_step_post_hook(_mark_written)
     warm, kind = optim_cfg.warmup_steps, optim_cfg.schedule
     total = max(total_steps, 1)
 
@@ -31,6 +36,14 @@ def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None
         return 1.0
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _mark_written(optimizer, args, kwargs) -> None:
+    """Bump the version counter of each parameter the step wrote (the fused kernel does not)."""
+    for group in optimizer.param_groups:
+        written = [p for p in group["params"] if p.grad is not None]
+        if written:
+            torch.autograd.graph.increment_version(written)
 
 
 def _fused_applies(params: list) -> bool:
