@@ -11,7 +11,7 @@ from helpers.tiny_hf import REWARDS, small_run
 
 from grpo.config import load_config
 from grpo.models import precision
-from grpo.models.precision import cpu_native_bf16, frozen_dtype
+from grpo.models.precision import Bf16StoredLinear, cpu_native_bf16, frozen_dtype, stores_linears_bf16
 from grpo.train.trainer import Trainer
 
 MILAN = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f vaes\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n"
@@ -27,20 +27,33 @@ def test_native_bf16_is_read_from_the_cpu_flags():
     assert cpu_native_bf16() == ("avx512_bf16" in this_machine.split() or "amx_bf16" in this_machine.split())
 
 
-@pytest.mark.parametrize("setting, device, native, want", [
-    ("auto", "cpu", False, torch.float32),
-    ("auto", "cpu", True, torch.bfloat16),
-    ("auto", "cuda", False, torch.bfloat16),
-    ("float32", "cpu", True, torch.float32),
-    ("bfloat16", "cpu", False, torch.bfloat16),
+@pytest.mark.parametrize("setting, device, native, want, stored", [
+    ("auto", "cpu", False, torch.float32, False),
+    ("auto", "cpu", True, torch.bfloat16, False),
+    ("auto", "cuda", False, torch.bfloat16, False),
+    ("float32", "cpu", True, torch.float32, False),
+    ("bfloat16", "cpu", True, torch.bfloat16, False),
+    ("bfloat16", "cuda", False, torch.bfloat16, False),
+    ("bfloat16", "cpu", False, torch.float32, True),  # held in bf16, computed in float32
 ])
-def test_frozen_dtype_rule(setting, device, native, want, monkeypatch):
+def test_frozen_dtype_rule(setting, device, native, want, stored, monkeypatch):
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: native)
     cfg = load_config(None, [f"model.frozen_dtype={setting}"])
     assert frozen_dtype(cfg, torch.device(device), torch.float32) == want
+    assert stores_linears_bf16(cfg, torch.device(device), torch.float32) == stored
 
 
-def test_lora_with_a_bf16_base_trains_float32_adapters_only(model_dirs, chat_data, tmp_path):
+def is_linear_weight(model, name: str) -> bool:
+    """`name` is the weight of one of the model's linear layers but its head (the frozen bf16-held ones)."""
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return name.endswith(".weight") and isinstance(module, torch.nn.Linear) and "lm_head" not in name
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_lora_with_a_bf16_base_trains_float32_adapters_only(native, model_dirs, chat_data, tmp_path, monkeypatch):
+    """Native bf16: the whole base in bf16. Without: its linear layers held in bf16 (Bf16StoredLinear), the rest
+    (embedding, norms, biases) float32, the forward in float32."""
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: native)
     cfg = load_config(None, small_run(model_dirs["qwen2"], chat_data, tmp_path / "run", "model.lora_rank=4",
                                       "model.frozen_dtype=bfloat16", "kl.coef=0.1", "train.steps=1"))
     trainer = Trainer(cfg, reward_functions=REWARDS)
@@ -48,7 +61,11 @@ def test_lora_with_a_bf16_base_trains_float32_adapters_only(model_dirs, chat_dat
         params = dict(trainer.policy.named_parameters())
         base = {k: p for k, p in params.items() if "lora_" not in k}
         adapters = {k: p for k, p in params.items() if "lora_" in k}
-        assert base and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in base.values())
+        assert base and all(not p.requires_grad for p in base.values())
+        linear = {k for k in base if is_linear_weight(trainer.policy, k)}
+        assert linear and linear != set(base)
+        for k, p in base.items():
+            assert p.dtype == (torch.bfloat16 if native or k in linear else torch.float32), k
         assert adapters and all(p.dtype == torch.float32 and p.requires_grad for p in adapters.values())
         before = {k: p.detach().clone() for k, p in params.items()}
         result = trainer.step()
@@ -59,11 +76,14 @@ def test_lora_with_a_bf16_base_trains_float32_adapters_only(model_dirs, chat_dat
         trainer.close()
 
 
-def test_a_bf16_reference_gives_the_float32_references_log_probs(model_dirs, chat_data, tmp_path):
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bf16_reference_gives_the_float32_references_log_probs(native, model_dirs, chat_data, tmp_path,
+                                                                  monkeypatch):
     """Full fine-tuning, kl.coef > 0: the reference copy in bf16 (half the bytes), its log-probs of a sampled batch
     within bf16's rounding of the float32 copy's, computed here by a direct forward of the initial model."""
     from grpo.train.update import batch_logprobs
 
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: native)
     runs = {}
     for dtype in ("bfloat16", "float32"):
         cfg = load_config(None, small_run(model_dirs["llama"], chat_data, tmp_path / dtype, "kl.coef=0.1",
@@ -71,8 +91,11 @@ def test_a_bf16_reference_gives_the_float32_references_log_probs(model_dirs, cha
         trainer = Trainer(cfg, reward_functions=REWARDS)
         runs[dtype] = trainer
     try:
-        ref_params = list(runs["bfloat16"].ref.parameters())
-        assert ref_params and all(p.dtype == torch.bfloat16 for p in ref_params)
+        ref = runs["bfloat16"].ref.model
+        ref_params = dict(ref.named_parameters())
+        assert ref_params and any(is_linear_weight(ref, k) for k in ref_params)
+        for k, p in ref_params.items():  # without native bf16: the linear layers held in bf16, the rest float32
+            assert p.dtype == (torch.bfloat16 if native or is_linear_weight(ref, k) else torch.float32), k
         assert all(p.dtype == torch.float32 for p in runs["bfloat16"].policy.parameters())  # the policy trains fp32
         scored = runs["float32"].rollouts.next(0)
         batch = runs["float32"]._policy_batch(scored.rollouts)
@@ -110,3 +133,63 @@ def test_a_bf16_file_loads_as_float32_with_the_same_values_and_tied_head(tmp_pat
     assert model.config.dtype == torch.float32
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert tied == bool(model.config.tie_word_embeddings)  # as the file says (the conversion keeps a tie)
+
+
+def test_a_bf16_held_linear_computes_in_float32_from_its_rounded_weight():
+    """Bf16StoredLinear against a hand reference: F.linear in float32 with the weight rounded to bf16. The same
+    output and input/bias gradients; the weight gets none; the backward keeps the bf16 weight, never a float32
+    copy of it (which F.linear(x, W.float()) would save: the memory the bf16 weights were to save)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 40)
+    held = Bf16StoredLinear.holding(linear)
+    assert held.weight.dtype == torch.bfloat16 and not held.weight.requires_grad and held.bias is linear.bias
+    x = torch.randn(3, 5, 48, requires_grad=True)
+    rounded = linear.weight.detach().to(torch.bfloat16).float()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = held(x)
+    assert all(t.dtype != torch.float32 or t.numel() != rounded.numel() for t in saved)
+    assert any(t is held.weight for t in saved)
+    x_ref = x.detach().clone().requires_grad_(True)
+    bias_ref = linear.bias.detach().clone().requires_grad_(True)
+    y_ref = torch.nn.functional.linear(x_ref, rounded, bias_ref)
+    assert y.dtype == torch.float32 and torch.equal(y, y_ref)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    assert torch.allclose(x.grad, x_ref.grad, atol=1e-6) and torch.allclose(linear.bias.grad, bias_ref.grad, atol=1e-5)
+    assert held.weight.grad is None
+
+
+def test_a_bf16_held_lora_base_is_the_rounded_model_and_the_plan_counts_its_bytes(model_dirs, tmp_path,
+                                                                                 monkeypatch):
+    """model.frozen_dtype=bfloat16, LoRA, no native bf16: the policy's logits are those of the float32 model whose
+    linear-layer weights (not the head's) were rounded to bf16 by hand (LoRA's B starts at 0), and the memory
+    plan's weights are the loaded parameters' bytes exactly (linear layers at 2 bytes, the rest and the adapters
+    at 4)."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.loading import load_policy
+    from grpo.train import memory_plan
+
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (64 * 2**30, "memory"))
+    path = model_dirs["qwen2"]
+    cfg = load_config(None, [f"model.name={path}", "model.lora_rank=4", "model.frozen_dtype=bfloat16"])
+    policy, _ = load_policy(cfg, path)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    rounded = 0
+    with torch.no_grad():
+        for name, module in reference.named_modules():
+            if isinstance(module, torch.nn.Linear) and module is not reference.get_output_embeddings():
+                module.weight.copy_(module.weight.to(torch.bfloat16).float())
+                rounded += 1
+    assert rounded >= 7  # q, k, v, o, gate, up, down of each layer
+    ids = torch.randint(0, reference.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        got, want = policy(input_ids=ids).logits, reference(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)(input_ids=ids).logits
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(plain, want, atol=1e-5)  # the rounding is seen: the check above can fail
+    _, plan = memory_plan.plan_memory(cfg, path, torch.device("cpu"), torch.float32, 20)
+    assert plan.parts["weights"] == sum(p.numel() * p.element_size() for p in policy.parameters())

@@ -128,6 +128,31 @@ def test_a_plan_over_the_available_memory_is_refused_with_what_would_fit(model_d
     assert any("warning: the run's memory plan" in line for line in printed)
 
 
+@pytest.mark.parametrize("extra, holders", [(["kl.coef=0.1"], 1), (["model.lora_rank=4"], 1),
+                                            (["model.lora_rank=4", "kl.coef=0.1"], 1), ([], 0)])
+def test_the_refusal_offers_a_bf16_base_where_frozen_weights_are_float32(extra, holders, model_dir, tmp_path,
+                                                                         monkeypatch):
+    """Without native bf16, frozen weights are float32: model.frozen_dtype=bfloat16 would hold their linear layers
+    in bf16, 2 bytes a weight less, counted here by hand on the model (its linear layers but the head); LoRA's
+    reference is its own base (one holder). Nothing is frozen in a full run without a reference: not offered."""
+    from grpo.models import precision
+
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**20, "memory"))
+    model = tiny_model("qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2,
+                       num_key_value_heads=1, vocab_size=260)
+    linear = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) and m is not model.get_output_embeddings())
+    cfg = _cfg(model_dir, tmp_path, "train.memory_check=false", *extra)
+    _, plan = memory_plan.plan_memory(cfg, model_dir, torch.device("cpu"), torch.float32, 20)
+    assert plan.bf16_base_saves == 2 * linear * holders
+    fixes = memory_plan._fixes(plan, cfg)
+    assert any(f.startswith("model.frozen_dtype=bfloat16") for f in fixes) == bool(holders)
+    held = _cfg(model_dir, tmp_path, "train.memory_check=false", "model.frozen_dtype=bfloat16", *extra)
+    _, after = memory_plan.plan_memory(held, model_dir, torch.device("cpu"), torch.float32, 20)
+    assert after.bf16_base_saves == 0 and plan.floor - after.floor == 2 * linear * holders
+
+
 def test_a_run_prints_its_plan_and_records_plan_and_peak(model_dir, tmp_path):
     from grpo.cli import main
 

@@ -33,7 +33,7 @@ DEFAULT_OUTPUT = Path("bench/results/memory.json")
 POLL_S = 0.1
 COMMON = ["train.steps=2", "rollout.max_new_tokens=32", "eval.max_new_tokens=32", "eval.n=16", "eval.val_n=0",
           "train.preflight=off", "log.plots=false", "data.test_fraction=0.2"]
-# name -> (model key, overrides): the issue's five runs (#39)
+# name -> (model key, overrides): the issue's five runs (#39), and its 1.5B LoRA run with a bf16 base
 ENTRIES = {
     "smollm2-135m-full-P4": ("smollm2", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
     "smollm2-135m-full-P8-T48": ("smollm2", ["rollout.prompts_per_step=8", "rollout.group_size=8",
@@ -42,6 +42,9 @@ ENTRIES = {
     "qwen2.5-0.5b-full-defaults": ("qwen2.5-0.5b", []),
     "qwen2.5-1.5b-lora16-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "rollout.prompts_per_step=4",
                                                 "rollout.group_size=8"]),
+    # the base's linear layers held in bf16 (computed in float32 on a CPU without native bf16; in bf16 with it)
+    "qwen2.5-1.5b-lora16-bf16base-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "model.frozen_dtype=bfloat16",
+                                                         "rollout.prompts_per_step=4", "rollout.group_size=8"]),
 }
 
 
@@ -200,6 +203,11 @@ def _batch(overrides: list[str]) -> str:
             f"T={cfg.get('rollout.max_new_tokens', 32)}")
 
 
+def _method(overrides: list[str]) -> str:
+    method = "LoRA r=16" if "model.lora_rank=16" in overrides else "full"
+    return method + (", bf16 base" if "model.frozen_dtype=bfloat16" in overrides else "")
+
+
 def table_rows(result: dict, source: str) -> str:
     """The README's memory table rows of one results file (GB = 1e9 bytes, as the issue's targets): the measured
     entries (with TRL's peak on the same model and batch where --trl measured it), then the computed plans, each
@@ -207,7 +215,7 @@ def table_rows(result: dict, source: str) -> str:
     rows = []
     for name, e in result.get("entries", {}).items():
         key = ENTRIES[name][0]
-        method = "LoRA r=16" if "model.lora_rank=16" in e["overrides"] else "full"
+        method = _method(e["overrides"])
         step = sum(e["step_s"]) / len(e["step_s"])
         trl = result.get("trl", {}).get(name)
         trl = f"{trl['peak_mb'] * 2**20 / 1e9:.2f}" if trl else "-"
@@ -216,7 +224,7 @@ def table_rows(result: dict, source: str) -> str:
                     f"{e['planned_mb'] * 2**20 / 1e9:.2f} | {trl} | {step:.0f} | `{source}` |")
     for name, c in result.get("computed", {}).items():
         key = name.rsplit("-", 2)[0]
-        method = "LoRA r=16" if "model.lora_rank=16" in c["overrides"] else "full"
+        method = _method(c["overrides"])
         step = f"~{c['step_s_scaled']:.0f} (computed)" if c.get("step_s_scaled") else "-"
         rows.append(f"| {LABELS[key]} | {method} | {_batch(c['overrides'])} | computed | - | "
                     f"{c['planned_mb'] * 2**20 / 1e9:.1f} (computed) | - | {step} | `{source}` |")

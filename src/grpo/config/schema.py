@@ -24,7 +24,8 @@ class ModelConfig(_Section):
     frozen_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="dtype of weights that never train: LoRA's base and the reference copy (kl.coef > 0); "
         "auto = bfloat16 on CUDA and on a CPU with native bf16 (AVX512-BF16 or AMX in /proc/cpuinfo), else "
-        "model.dtype")
+        "model.dtype; bfloat16 on a CPU without native bf16 holds their linear layers in bf16 (half the bytes) and "
+        "computes in float32")
     gradient_checkpointing: bool = False
     lora_rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = full fine-tuning")
     lora_alpha: float | None = Field(None, gt=0.0, description="LoRA alpha; None = 2 * lora_rank")

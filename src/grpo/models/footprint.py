@@ -37,6 +37,7 @@ PROBE_TOKENS = 64  # a sequence long enough that per-token costs dominate; atten
 class ParamCounts:
     total: int  # every parameter, tied ones once (LoRA: the base plus the adapters)
     trainable: int  # what gets gradients and optimizer state (LoRA: the adapters)
+    linear: int = 0  # the weights of the base's linear layers but the head (models/precision.py storable_linears)
 
 
 def _build(config, dtype: torch.dtype, device: str):
@@ -61,7 +62,11 @@ def _with_lora(model, lora):
 def parameter_counts(config, lora=None) -> ParamCounts:
     """ParamCounts of `config`'s causal LM (a transformers PretrainedConfig); `lora`: model.* settings with
     lora_rank > 0 adds the adapters (the base frozen), None or rank 0 is full fine-tuning."""
-    model = _with_lora(_build(config, torch.float32, "meta"), lora)
+    from grpo.models.precision import storable_linears
+
+    model = _build(config, torch.float32, "meta")
+    linear = sum(layer.weight.numel() for _, _, layer in storable_linears(model))
+    model = _with_lora(model, lora)
     seen, total, trainable = set(), 0, 0
     for p in model.parameters():  # parameters() yields a tied weight once; id() guards views of the same meta param
         if id(p) in seen:
@@ -69,7 +74,7 @@ def parameter_counts(config, lora=None) -> ParamCounts:
         seen.add(id(p))
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
-    return ParamCounts(total, trainable)
+    return ParamCounts(total, trainable, linear)
 
 
 def _probe_config(config, layers: int):

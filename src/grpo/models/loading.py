@@ -12,7 +12,7 @@ import torch
 
 from grpo.errors import ModelDirError
 from grpo.models.lora import apply_lora
-from grpo.models.precision import frozen_dtype, to_dtype_lean
+from grpo.models.precision import frozen_dtype, store_linears_bf16, stores_linears_bf16, to_dtype_lean
 
 log = logging.getLogger("grpo.models")
 
@@ -152,10 +152,15 @@ def load_policy(cfg, path: Path):
     dtype, with LoRA adapters when model.lora_rank > 0 (the frozen base in `frozen_dtype`)."""
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
-    if cfg.model.lora_rank > 0:  # the base never trains: it may be held leaner (peft keeps the adapters in float32)
+    lora = cfg.model.lora_rank > 0
+    stored = lora and stores_linears_bf16(cfg, device, dtype)
+    if lora:  # the base never trains: it may be held leaner (peft keeps the adapters in float32)
         dtype = frozen_dtype(cfg, device, dtype)
     tokenizer = load_tokenizer(path)
-    model = to_dtype_lean(load_causal_lm(path, dtype="auto"), dtype).to(device)  # read in the file's dtype
+    model = load_causal_lm(path, dtype="auto")  # read in the file's dtype
+    if stored:  # before the conversion: a bf16 file's linear layers are never float32 (Bf16StoredLinear._apply)
+        store_linears_bf16(model)
+    model = to_dtype_lean(model, dtype).to(device)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = True

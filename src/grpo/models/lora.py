@@ -127,9 +127,11 @@ def reference_policy(policy, cfg):
         return None  # beta = 0 loads no reference at all
     if is_peft(policy):
         return AdapterDisabledReference(unwrap(policy))
-    from grpo.models.precision import frozen_dtype
+    from grpo.models.precision import frozen_dtype, store_linears_bf16, stores_linears_bf16
 
     param = next(unwrap(policy).parameters())
+    if stores_linears_bf16(cfg, param.device, param.dtype):
+        return FrozenReference(store_linears_bf16(frozen_copy(unwrap(policy))))
     return FrozenReference(frozen_copy(unwrap(policy)).to(frozen_dtype(cfg, param.device, param.dtype)))
 
 
@@ -141,6 +143,8 @@ def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
     """
     from peft.tuners.lora import LoraLayer
 
+    from grpo.models.precision import Bf16StoredLinear
+
     base = peft_model.get_base_model()
     adapter = peft_model.active_adapter
     out = {k.replace(".base_layer.", "."): v.detach() for k, v in base.state_dict().items() if ".lora_" not in k}
@@ -148,7 +152,8 @@ def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
         if isinstance(module, LoraLayer) and adapter in module.lora_A:
             key = f"{name}.weight"
             delta = module.get_delta_weight(adapter).detach()
-            out[key] = (out[key].to(torch.float32) + delta.to(torch.float32)).to(out[key].dtype)
+            held = out[key].dtype if not isinstance(module.get_base_layer(), Bf16StoredLinear) else torch.float32
+            out[key] = (out[key].to(torch.float32) + delta.to(torch.float32)).to(held)  # as the layer computes
     return {k: v.cpu() for k, v in out.items()}
 
 

@@ -1,9 +1,13 @@
 """Which dtype weights are held in, decided from this machine at run time: bfloat16 only where its matrix products
 are native (CUDA, or a CPU whose /proc/cpuinfo flags include AVX512-BF16 or AMX-BF16), never by assumption.
 
-    cpu_native_bf16()                 True on a CPU with native bf16 matrix products
-    frozen_dtype(cfg, device, dtype)  the dtype of weights that never train (LoRA's base, the reference copy)
-    to_dtype_lean(model, dtype)       a model loaded in its file's dtype, converted without the file's pages
+    cpu_native_bf16()                        True on a CPU with native bf16 matrix products
+    frozen_dtype(cfg, device, dtype)         the dtype weights that never train (LoRA's base, the reference copy)
+                                             are computed in
+    stores_linears_bf16(cfg, device, dtype)  True when those weights' linear layers are held in bf16 and computed
+                                             in float32 (model.frozen_dtype=bfloat16 on a CPU without native bf16)
+    store_linears_bf16(model)                does that to a model's linear layers (not its output head)
+    to_dtype_lean(model, dtype)              a model loaded in its file's dtype, converted without the file's pages
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["cpu_native_bf16", "frozen_dtype", "to_dtype_lean"]
+__all__ = ["Bf16StoredLinear", "cpu_native_bf16", "frozen_dtype", "storable_linears", "store_linears_bf16",
+           "stores_linears_bf16", "to_dtype_lean"]
 
 
 def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
@@ -30,13 +35,91 @@ def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
 
 
 def frozen_dtype(cfg, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """The dtype of weights that never train (LoRA's base, the reference copy): model.frozen_dtype; auto is
-    bfloat16 where its matrix products are native (CUDA, a CPU with cpu_native_bf16), else the policy's `dtype`."""
+    """The dtype weights that never train (LoRA's base, the reference copy) are computed in: model.frozen_dtype;
+    auto is bfloat16 where its matrix products are native (CUDA, a CPU with cpu_native_bf16), else the policy's
+    `dtype`. bfloat16 on a CPU without native bf16 (and a float32 policy) computes in float32 from linear layers
+    held in bfloat16 (stores_linears_bf16): there torch emulates bf16 products, 14-70x slower than float32
+    (bench/results/bf16_matmul.json)."""
     name = cfg.model.frozen_dtype
     if name == "auto":
-        native = device.type == "cuda" or (device.type == "cpu" and cpu_native_bf16())
-        return torch.bfloat16 if native and dtype != torch.float16 else dtype
+        return torch.bfloat16 if _native_bf16(device) and dtype != torch.float16 else dtype
+    if stores_linears_bf16(cfg, device, dtype):
+        return dtype
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def stores_linears_bf16(cfg, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when the frozen weights' linear layers are held in bfloat16 and computed in float32: model.frozen_dtype
+    is bfloat16, on a CPU without native bf16, for a float32 policy. Half their bytes (a Qwen2.5-1.5B LoRA base:
+    6.2 GB -> 3.6 GB), the values of a bf16 model file exactly, for a cast per product (`Bf16StoredLinear`)."""
+    return cfg.model.frozen_dtype == "bfloat16" and dtype == torch.float32 and not _native_bf16(device)
+
+
+def _native_bf16(device: torch.device) -> bool:
+    return device.type == "cuda" or (device.type == "cpu" and cpu_native_bf16())
+
+
+class _Bf16WeightLinear(torch.autograd.Function):
+    """y = x W^T + b with W held in bfloat16 and multiplied in x's dtype. Backward saves W itself (the bf16
+    parameter), never the float32 copy autograd would keep for F.linear(x, W.float()); W gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(weight)
+        return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (weight,) = ctx.saved_tensors
+        grad_x = grad_out @ weight.to(grad_out.dtype) if ctx.needs_input_grad[0] else None
+        grad_bias = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, None, grad_bias
+
+
+class Bf16StoredLinear(torch.nn.Linear):
+    """A frozen linear layer whose weight is held in bfloat16 (2 bytes per value) and cast to the input's dtype
+    for each product: on a CPU without native bf16 the cast costs ~4% of a training forward's product (4096 rows)
+    and ~3x a decoding step's (32 rows), where the product is bound by memory."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Bf16WeightLinear.apply(x, self.weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        """.to(device, dtype), .float(), ...: the weight moves but stays bfloat16 (one layer's copy at a time), so
+        a model converted after its linear layers were held (models/loading.py) never holds them in float32."""
+        super()._apply(fn, recurse)
+        if self.weight.dtype != torch.bfloat16:
+            self.weight.data = self.weight.data.to(torch.bfloat16)
+        return self
+
+    @classmethod
+    def holding(cls, linear: torch.nn.Linear) -> Bf16StoredLinear:
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        layer.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+        layer.bias = linear.bias
+        return layer
+
+
+def storable_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
+    """(parent, attribute, layer) of each nn.Linear of `model` but its output head (tied to the input embedding in
+    most small models; the chunked log-prob head multiplies it in float32)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, torch.nn.Linear) and child is not head and not isinstance(child, Bf16StoredLinear):
+                out.append((parent, name, child))
+    return out
+
+
+def store_linears_bf16(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its linear layers but the head (storable_linears) held in bfloat16 and computed in float32,
+    frozen; the rest (embeddings, norms, biases) as it was. One layer at a time: each weight is freed as its bf16
+    copy is made (a bf16 weight is kept as it is: a model loaded from a bf16 file is held before it is converted,
+    so its linear layers are never float32)."""
+    for parent, name, linear in storable_linears(model):
+        setattr(parent, name, Bf16StoredLinear.holding(linear))
+    return model
 
 
 def to_dtype_lean(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

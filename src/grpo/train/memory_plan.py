@@ -5,9 +5,10 @@
 The plan (bytes; `MemoryPlan.parts`):
 
     runtime      this process before the model loads (Python, torch, transformers, the data): measured
-    weights      the policy's parameters in model.dtype (LoRA: the base in model.frozen_dtype plus the fp32 adapters)
-    reference    pi_ref (kl.coef > 0): a frozen copy in model.frozen_dtype for full fine-tuning; 0 with LoRA (the
-                 adapter-disabled base)
+    weights      the policy's parameters in model.dtype (LoRA: the base in model.frozen_dtype plus the fp32 adapters;
+                 the base's linear layers at 2 bytes where they are held in bf16: precision.stores_linears_bf16)
+    reference    pi_ref (kl.coef > 0): a frozen copy in model.frozen_dtype for full fine-tuning (its linear layers
+                 likewise); 0 with LoRA (the adapter-disabled base)
     gradients    the trainable parameters' gradients, in their dtype (LoRA's adapters: float32); during the update
                  only (freed after each step)
     optimizer    AdamW's two moments per trainable parameter, in its dtype
@@ -62,6 +63,7 @@ class MemoryPlan:
     available: int | None  # bytes this process can have: free now plus what it holds; None when unknown
     where: str = "memory"  # "memory" (RAM) or "GPU memory"
     notes: list[str] = field(default_factory=list)
+    bf16_base_saves: int = 0  # bytes model.frozen_dtype=bfloat16 would save (frozen linear layers held in bf16)
 
     @property
     def peak(self) -> int:
@@ -150,7 +152,7 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     from transformers import AutoConfig
 
     from grpo.models.footprint import parameter_counts, saved_bytes_per_token
-    from grpo.models.precision import frozen_dtype
+    from grpo.models.precision import frozen_dtype, stores_linears_bf16
 
     config = AutoConfig.from_pretrained(model_dir)
     text = getattr(config, "text_config", None) or config
@@ -158,13 +160,21 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     lora = cfg.model if cfg.model.lora_rank > 0 else None
     counts = parameter_counts(config, lora)
     frozen = frozen_dtype(cfg, device, dtype)  # LoRA's base and the reference copy (models/precision.py)
+    stored = stores_linears_bf16(cfg, device, dtype)  # their linear layers held in bf16, computed in float32
     if lora:
         dtype = frozen  # the base's dtype is what its activations are computed in
     dtype_bytes, frozen_bytes = torch.finfo(dtype).bits // 8, torch.finfo(frozen).bits // 8
     trainable = counts.trainable
     base = counts.total - (trainable if lora else 0)
     weights = base * dtype_bytes + (trainable * 4 if lora else 0)
-    reference = base * frozen_bytes if cfg.kl.coef > 0 and not lora else 0
+    frozen_base = base * frozen_bytes
+    if stored:
+        frozen_base -= counts.linear * (frozen_bytes - 2)
+        if lora:
+            weights -= counts.linear * (dtype_bytes - 2)
+    reference = frozen_base if cfg.kl.coef > 0 and not lora else 0
+    frozen_linears = counts.linear * (bool(lora) + bool(reference))  # held by LoRA's base and a reference copy
+    bf16_base_saves = frozen_linears * (frozen_bytes - 2) if frozen_bytes > 2 and not stored else 0
     per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
     vocab, hidden = int(shape.get("vocab_size") or 0), int(shape.get("hidden_size") or 0)
     head = cfg.optim.logprob_chunk_tokens * vocab * 4 * 3
@@ -181,7 +191,7 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
              "gradients": trainable * train_bytes, "optimizer": 2 * trainable * train_bytes, "generation": generation,
              "worker": worker}
     available, where = _memory(device)
-    plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where)
+    plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where, bf16_base_saves=bf16_base_saves)
     tokens = cfg.optim.micro_batch_tokens
     if tokens is None:
         budget = max(ACTIVATION_SHARE * plan.floor, MIN_ACTIVATION_BYTES)
@@ -222,6 +232,9 @@ def _fixes(plan: MemoryPlan, cfg) -> list[str]:
     if cfg.model.lora_rank == 0:
         out.append(f"model.lora_rank=16 (LoRA: no gradients or optimizer state for the base, about "
                    f"{(p['gradients'] + p['optimizer']) / GIB:.1f} GiB less)")
+    if plan.bf16_base_saves:
+        out.append(f"model.frozen_dtype=bfloat16 (the frozen linear layers held in bf16, "
+                   f"{plan.bf16_base_saves / GIB:.1f} GiB less)")
     if p["reference"]:
         out.append(f"kl.coef=0 (no reference copy, {p['reference'] / GIB:.1f} GiB less)")
     if p["activations"] > p["generation"] and plan.micro_batch_tokens > 1:
