@@ -163,3 +163,37 @@ def test_a_run_prints_its_plan_and_records_plan_and_peak(model_dir, tmp_path):
     assert summary["memory/planned_peak_mb"] > 0 and summary["memory/peak_rss_mb"] > 0
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"micro_batch_tokens: {summary['memory/micro_batch_tokens']}" in saved
+
+
+def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(model_dir, tmp_path, monkeypatch):
+    """model.frozen_dtype=auto, no native bf16, LoRA: with the memory between the two plans' peaks the run takes
+    model.frozen_dtype=bfloat16 (said in a note, saved in cfg); with room for float32 it keeps float32; set to
+    float32 by the user it is refused as before."""
+    from grpo.models import precision
+
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(memory_plan, "process_rss", lambda: 100 * 2**20)  # the plans differ by ~0.2 MB here
+    cpu = torch.device("cpu")
+    lora = ("model.lora_rank=4", "optim.micro_batch_tokens=64")
+    _, fp32 = memory_plan._plan(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
+    _, held = memory_plan._plan(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=bfloat16"), model_dir, cpu,
+                                torch.float32, 20)
+    assert held.peak < fp32.peak
+    printed = []
+
+    class Console:
+        def print(self, text, **kw):
+            printed.append(text)
+
+    between = (held.peak + fp32.peak) // 2
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (between, "memory"))
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20,
+                                        Console())
+    assert cfg.model.frozen_dtype == "bfloat16" and plan.peak == held.peak
+    assert any("model.frozen_dtype=bfloat16 (from the memory plan" in line for line in printed)
+    with pytest.raises(ConfigError, match="more than the memory available"):
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=float32"), model_dir, cpu,
+                                torch.float32, 20)
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (fp32.peak + 1, "memory"))
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
+    assert cfg.model.frozen_dtype == "auto" and plan.peak == fp32.peak

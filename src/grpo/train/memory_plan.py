@@ -148,7 +148,31 @@ def _generation_bytes(rows: int, positions: int, shape: dict, dtype_bytes: int) 
 def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt_tokens: int,
                 console=None):
     """(cfg with optim.micro_batch_tokens resolved, the MemoryPlan), printed; ConfigError when the plan exceeds
-    the memory this process can have and train.memory_check is on. prompt_tokens: the longest prompt's tokens."""
+    the memory this process can have and train.memory_check is on. prompt_tokens: the longest prompt's tokens.
+
+    model.frozen_dtype=auto whose float32 frozen weights (LoRA's base, the reference copy) would not fit while
+    their linear layers held in bf16 would: cfg comes back with model.frozen_dtype=bfloat16, said in a note (it
+    slows generation on a CPU without native bf16, so it is taken only where float32 cannot run)."""
+    asked = cfg
+    cfg, plan = _plan(asked, model_dir, device, dtype, prompt_tokens)
+    if (asked.model.frozen_dtype == "auto" and plan.bf16_base_saves and plan.available is not None
+            and plan.peak > plan.available):
+        held = asked.model_copy(deep=True)  # the micro-batch, when unset, chosen again for the smaller plan
+        held.model.frozen_dtype = "bfloat16"
+        held, held_plan = _plan(held, model_dir, device, dtype, prompt_tokens)
+        if held_plan.peak <= held_plan.available:
+            held_plan.notes.insert(0, f"model.frozen_dtype=bfloat16 (from the memory plan: with float32 frozen "
+                                      f"weights the peak, {plan.peak / GIB:.1f} GiB, is over the "
+                                      f"{plan.available / GIB:.1f} GiB available; their linear layers are held "
+                                      "in bf16 and computed in float32, generation is slower; set "
+                                      "model.frozen_dtype to change)")
+            cfg, plan = held, held_plan
+    _report(plan, cfg, console)
+    return cfg, plan
+
+
+def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt_tokens: int):
+    """plan_memory's (cfg, plan) for cfg as it is, unprinted."""
     from transformers import AutoConfig
 
     from grpo.models.footprint import parameter_counts, saved_bytes_per_token
@@ -206,7 +230,6 @@ def plan_memory(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, 
     if cfg.optim.micro_batch_tokens is None:
         cfg = cfg.model_copy(deep=True)
         cfg.optim.micro_batch_tokens = tokens  # saved in config.yaml: a resume micro-batches the same way
-    _report(plan, cfg, console)
     return cfg, plan
 
 
