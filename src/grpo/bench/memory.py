@@ -158,8 +158,12 @@ COMPUTED = {
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
 }
 # run -> (overrides, the measured entry its seconds per step are scaled from)
-COMPUTED_RUNS = {"full-defaults": ([], "qwen2.5-0.5b-full-defaults"),
-                 "lora16-P4": (["model.lora_rank=16", "rollout.prompts_per_step=4"], "qwen2.5-1.5b-lora16-P4")}
+# (frozen_dtype named: a plan over this machine's memory would otherwise take the bf16 base by itself)
+COMPUTED_RUNS = {"full-defaults": (["model.frozen_dtype=float32"], "qwen2.5-0.5b-full-defaults"),
+                 "lora16-P4": (["model.lora_rank=16", "model.frozen_dtype=float32", "rollout.prompts_per_step=4"],
+                               "qwen2.5-1.5b-lora16-P4"),
+                 "lora16bf16-P4": (["model.lora_rank=16", "model.frozen_dtype=bfloat16", "rollout.prompts_per_step=4"],
+                                   "qwen2.5-1.5b-lora16-bf16base-P4")}
 
 
 def computed_plans(measured: dict, work: Path) -> dict:
