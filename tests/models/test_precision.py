@@ -193,3 +193,58 @@ def test_a_bf16_held_lora_base_is_the_rounded_model_and_the_plan_counts_its_byte
     assert not torch.allclose(plain, want, atol=1e-5)  # the rounding is seen: the check above can fail
     _, plan = memory_plan.plan_memory(cfg, path, torch.device("cpu"), torch.float32, 20)
     assert plan.parts["weights"] == sum(p.numel() * p.element_size() for p in policy.parameters())
+
+
+def held_lora_policy(model_dirs, monkeypatch):
+    from grpo.models.loading import load_policy
+
+    monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
+    path = model_dirs["qwen2"]
+    cfg = load_config(None, [f"model.name={path}", "model.lora_rank=4", "model.frozen_dtype=bfloat16"])
+    policy, _ = load_policy(cfg, path)
+    return policy
+
+
+def test_the_ppo_critic_from_a_bf16_held_policy_trains_every_weight(model_dirs, monkeypatch):
+    """PPO's critic copies the policy's backbone and trains all of it: its held linear layers come back as float32
+    nn.Linear layers of the same values, and each gets a gradient. A held layer whose weight was made trainable
+    refuses to run rather than train nothing."""
+    from grpo.models.value import ValueModel
+
+    policy = held_lora_policy(model_dirs, monkeypatch)
+    held = [m for m in policy.modules() if isinstance(m, Bf16StoredLinear)]
+    assert held
+    critic = ValueModel.from_policy(policy)
+    assert not any(isinstance(m, Bf16StoredLinear) for m in critic.modules())
+    named = dict(critic.named_parameters())
+    linear = {k: p for k, p in named.items() if p.dim() == 2 and ("proj" in k) and "lora_" not in k}
+    assert linear and all(p.dtype == torch.float32 and p.requires_grad for p in linear.values())
+    q = next(k for k in linear if "q_proj" in k)
+    assert torch.equal(linear[q], held[0].weight.float())  # the first held layer is the first q_proj: same values
+    ids = torch.randint(0, 200, (2, 6))
+    critic(ids, torch.ones_like(ids)).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in linear.values())
+    held[0].weight.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="frozen"):
+        held[0](torch.randn(1, held[0].in_features))
+
+
+def test_merged_weights_of_a_bf16_held_base_are_float32_as_the_layer_computes(model_dirs, monkeypatch):
+    """merged_state_dict (vLLM's weights, save_merged): a held layer with an adapter gives W (bf16, exact in
+    float32) + (alpha/r) B A in float32, computed here by hand, not rounded back to bf16."""
+    from grpo.models.lora import merged_state_dict
+
+    policy = held_lora_policy(model_dirs, monkeypatch)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    merged = merged_state_dict(policy)
+    layer = next(m for m in policy.modules() if hasattr(m, "lora_A") and isinstance(m.get_base_layer(),
+                                                                                      Bf16StoredLinear))
+    key = next(k for k, m in policy.get_base_model().named_modules() if m is layer) + ".weight"
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    want = layer.get_base_layer().weight.float() + layer.scaling["default"] * (b @ a)
+    assert merged[key].dtype == torch.float32 and torch.allclose(merged[key], want.detach(), atol=1e-6)
+    assert not torch.equal(merged[key], merged[key].to(torch.bfloat16).float())  # not rounded to bf16

@@ -150,7 +150,8 @@ def test_resume_refuses_incompatible_changes_and_prints_compatible_ones(make_tra
     ckpt_before = load_checkpoint(latest_checkpoint(run_dir)).manifest
     for change, field in [("rollout.group_size=4", "rollout.group_size"),
                           ("rollout.prompts_per_step=4", "rollout.prompts_per_step"),
-                          (f"model.name={other_model}", "model.name")]:
+                          (f"model.name={other_model}", "model.name"),
+                          ("model.frozen_dtype=bfloat16", "model.frozen_dtype")]:  # the plan may pick it: auto
         trainer = make_trainer("train.steps=2", change)
         with pytest.raises(ConfigError, match="cannot resume") as err:
             trainer.train(resume=True)

@@ -7,6 +7,7 @@ are native (CUDA, or a CPU whose /proc/cpuinfo flags include AVX512-BF16 or AMX-
     stores_linears_bf16(cfg, device, dtype)  True when those weights' linear layers are held in bf16 and computed
                                              in float32 (model.frozen_dtype=bfloat16 on a CPU without native bf16)
     store_linears_bf16(model)                does that to a model's linear layers (not its output head)
+    float32_linears(model)                   undoes it (a copy that trains every weight: PPO's critic)
     to_dtype_lean(model, dtype)              a model loaded in its file's dtype, converted without the file's pages
 """
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Bf16StoredLinear", "cpu_native_bf16", "frozen_dtype", "storable_linears", "store_linears_bf16",
-           "stores_linears_bf16", "to_dtype_lean"]
+__all__ = ["Bf16StoredLinear", "cpu_native_bf16", "float32_linears", "frozen_dtype", "storable_linears",
+           "store_linears_bf16", "stores_linears_bf16", "to_dtype_lean"]
 
 
 def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
@@ -82,6 +83,9 @@ class Bf16StoredLinear(torch.nn.Linear):
     and ~3x a decoding step's (32 rows), where the product is bound by memory."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.requires_grad:  # the Function gives the weight no gradient: never train it silently
+            raise RuntimeError("a Bf16StoredLinear's weight is frozen (held in bf16); to train the layer, make it a "
+                               "float32 nn.Linear first (models/precision.py float32_linears)")
         return _Bf16WeightLinear.apply(x, self.weight, self.bias)
 
     def _apply(self, fn, recurse=True):
@@ -110,6 +114,20 @@ def storable_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str,
             if isinstance(child, torch.nn.Linear) and child is not head and not isinstance(child, Bf16StoredLinear):
                 out.append((parent, name, child))
     return out
+
+
+def float32_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each Bf16StoredLinear replaced by a plain float32 nn.Linear of the same values (bf16 -> float32
+    is exact), trainable again: for a copy that trains all its weights (PPO's critic from the policy)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Bf16StoredLinear):
+                layer = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                        device="meta")
+                layer.weight = torch.nn.Parameter(child.weight.detach().float())
+                layer.bias = child.bias
+                setattr(parent, name, layer)
+    return model
 
 
 def store_linears_bf16(model: torch.nn.Module) -> torch.nn.Module:

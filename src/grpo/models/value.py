@@ -70,8 +70,11 @@ class ValueModel(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_policy(cls, policy, *, head_init_std: float = 1e-3, seed: int = 0) -> ValueModel:
-        """A critic whose backbone is a deep copy (no shared tensors) of the policy's, trainable, in train mode."""
-        backbone = copy.deepcopy(backbone_of(policy))
+        """A critic whose backbone is a deep copy (no shared tensors) of the policy's, trainable, in train mode
+        (a LoRA base's linear layers held in bf16 come back as float32 ones: the critic trains every weight)."""
+        from grpo.models.precision import float32_linears
+
+        backbone = float32_linears(copy.deepcopy(backbone_of(policy)))
         backbone.requires_grad_(True)
         value = cls(backbone, head_init_std=head_init_std, seed=seed)
         value.train()
