@@ -152,8 +152,8 @@ def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
         if isinstance(module, LoraLayer) and adapter in module.lora_A:
             key = f"{name}.weight"
             delta = module.get_delta_weight(adapter).detach()
-            held = out[key].dtype if not isinstance(module.get_base_layer(), Bf16StoredLinear) else torch.float32
-            out[key] = (out[key].to(torch.float32) + delta.to(torch.float32)).to(held)  # as the layer computes
+            computed = torch.float32 if isinstance(module.get_base_layer(), Bf16StoredLinear) else out[key].dtype
+            out[key] = (out[key].to(torch.float32) + delta.to(torch.float32)).to(computed)
     return {k: v.cpu() for k, v in out.items()}
 
 

@@ -98,9 +98,17 @@ class Bf16StoredLinear(torch.nn.Linear):
 
     @classmethod
     def holding(cls, linear: torch.nn.Linear) -> Bf16StoredLinear:
+        """`linear`'s weight in bf16, frozen; its bias (the same parameter) as it is."""
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
         layer.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
         layer.bias = linear.bias
+        return layer
+
+    def as_float32(self) -> torch.nn.Linear:
+        """A plain nn.Linear of this layer's values, its weight in float32 (exact) and trainable."""
+        layer = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        layer.weight = torch.nn.Parameter(self.weight.detach().float())
+        layer.bias = self.bias
         return layer
 
 
@@ -108,25 +116,21 @@ def storable_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str,
     """(parent, attribute, layer) of each nn.Linear of `model` but its output head (tied to the input embedding in
     most small models; the chunked log-prob head multiplies it in float32)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    out = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if isinstance(child, torch.nn.Linear) and child is not head and not isinstance(child, Bf16StoredLinear):
-                out.append((parent, name, child))
-    return out
+    return _children(model, lambda m: isinstance(m, torch.nn.Linear) and m is not head
+                     and not isinstance(m, Bf16StoredLinear))
+
+
+def _children(model: torch.nn.Module, select) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """(parent, attribute, module) of each submodule of `model` that `select` takes, listed before any is replaced."""
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if select(child)]
 
 
 def float32_linears(model: torch.nn.Module) -> torch.nn.Module:
     """`model` with each Bf16StoredLinear replaced by a plain float32 nn.Linear of the same values (bf16 -> float32
     is exact), trainable again: for a copy that trains all its weights (PPO's critic from the policy)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Bf16StoredLinear):
-                layer = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                        device="meta")
-                layer.weight = torch.nn.Parameter(child.weight.detach().float())
-                layer.bias = child.bias
-                setattr(parent, name, layer)
+    for parent, name, held in _children(model, lambda m: isinstance(m, Bf16StoredLinear)):
+        setattr(parent, name, held.as_float32())
     return model
 
 

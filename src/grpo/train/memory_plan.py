@@ -190,12 +190,8 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     dtype_bytes, frozen_bytes = torch.finfo(dtype).bits // 8, torch.finfo(frozen).bits // 8
     trainable = counts.trainable
     base = counts.total - (trainable if lora else 0)
-    weights = base * dtype_bytes + (trainable * 4 if lora else 0)
-    frozen_base = base * frozen_bytes
-    if stored:
-        frozen_base -= counts.linear * (frozen_bytes - 2)
-        if lora:
-            weights -= counts.linear * (dtype_bytes - 2)
+    frozen_base = base * frozen_bytes - (counts.linear * (frozen_bytes - 2) if stored else 0)
+    weights = frozen_base + trainable * 4 if lora else base * dtype_bytes
     reference = frozen_base if cfg.kl.coef > 0 and not lora else 0
     frozen_linears = counts.linear * (bool(lora) + bool(reference))  # held by LoRA's base and a reference copy
     bf16_base_saves = frozen_linears * (frozen_bytes - 2) if frozen_bytes > 2 and not stored else 0

@@ -26,8 +26,8 @@ __all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "claim_run_dir
 # Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
 # reference model of the built-in model; model.frozen_dtype: a LoRA base rounded to bf16 or not, which the memory
 # plan may choose by itself): refuse. Every other change is allowed and printed.
-INCOMPATIBLE = ["model.name", "model.frozen_dtype", "rollout.group_size", "rollout.prompts_per_step", "data.task", "data.difficulty",
-                "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
+INCOMPATIBLE = ["model.name", "model.frozen_dtype", "rollout.group_size", "rollout.prompts_per_step", "data.task",
+                "data.difficulty", "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
                 "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
 
 
