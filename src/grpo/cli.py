@@ -332,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(levelname)s: %(message)s")
+    # torchao (grpo[torchao]), which transformers imports whenever it is installed, warns on a CPU that its CUDA
+    # kernels do not load, and torch that torchao registers enums in a deprecated way: nothing a user can act on
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     try:  # transformers' own progress bars (weight loading/saving) would interleave with ours
         from transformers.utils import logging as hf_logging
 

@@ -197,3 +197,26 @@ def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(
     monkeypatch.setattr(memory_plan, "_memory", lambda device: (fp32.peak + 1, "memory"))
     cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
     assert cfg.model.frozen_dtype == "auto" and plan.peak == fp32.peak
+
+
+def test_8bit_moments_are_counted_and_offered_where_the_moments_are_a_large_part(model_dir, tmp_path, monkeypatch):
+    """optim.name=adamw_8bit: the moments are one byte a value plus a float32 scale per 256 (by hand), for each of the
+    two; a refused full fine-tuning whose moments are a large part of the peak is offered the switch with its saving;
+    LoRA (float32 adapters, small) is not."""
+    cpu = torch.device("cpu")
+    n = sum(x.numel() for x in tiny_model("qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=260).parameters())
+    _, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.name=adamw_8bit"), model_dir, cpu,
+                                      torch.float32, 20)
+    assert plan.parts["optimizer"] == int(2 * n * (1 + 4 / 256))
+    monkeypatch.setattr(memory_plan, "process_rss", lambda: 0)  # a small model: its moments beside no runtime
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**10, "memory"))
+    with pytest.raises(ConfigError) as e:
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1"), model_dir, cpu,
+                                torch.float32, 20)
+    saved = 8 * n - int(2 * n * (1 + 4 / 256))
+    assert f"optim.name=adamw_8bit (8-bit AdamW moments, {saved / 2**30:.1f} GiB less" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", "model.lora_rank=4"),
+                                model_dir, cpu, torch.float32, 20)
+    assert "optim.name=adamw_8bit" not in str(e.value)

@@ -151,7 +151,8 @@ def test_resume_refuses_incompatible_changes_and_prints_compatible_ones(make_tra
     for change, field in [("rollout.group_size=4", "rollout.group_size"),
                           ("rollout.prompts_per_step=4", "rollout.prompts_per_step"),
                           (f"model.name={other_model}", "model.name"),
-                          ("model.frozen_dtype=bfloat16", "model.frozen_dtype")]:  # the plan may pick it: auto
+                          ("model.frozen_dtype=bfloat16", "model.frozen_dtype"),  # the plan may pick it: auto
+                          ("optim.name=adamw_8bit", "optim.name")]:  # another optimizer state format
         trainer = make_trainer("train.steps=2", change)
         with pytest.raises(ConfigError, match="cannot resume") as err:
             trainer.train(resume=True)
@@ -189,3 +190,20 @@ def test_resume_with_only_partial_checkpoints_is_refused_and_changes_nothing(mak
     assert "step-000002 is not committed" in caplog.text
     after = sorted((p.relative_to(run_dir), p.read_bytes() if p.is_file() else b"") for p in run_dir.rglob("*"))
     assert after == before  # nothing written: no config.yaml, no step-0 row
+
+
+def test_a_setting_an_older_checkpoint_lacks_counts_as_its_default():
+    """A checkpoint written before optim.name existed has no such key: resuming with the default is accepted, and
+    with another value refused, as if the key had been saved with its default."""
+    from grpo.config import load_config
+    from grpo.train.checkpoint.resume import check_resume_config
+
+    current = load_config(None, []).to_dict()
+    older = load_config(None, []).to_dict()
+    del older["optim"]["name"]
+    printed = []
+    check_resume_config(older, current, lambda *a, **k: printed.append(a))
+    assert printed == []  # nothing differs once the default fills it
+    other = load_config(None, ["optim.name=adamw_8bit"]).to_dict()
+    with pytest.raises(ConfigError, match=r"optim.name \('adamw' -> 'adamw_8bit'\)"):
+        check_resume_config(older, other, lambda *a, **k: None)

@@ -11,7 +11,8 @@ The plan (bytes; `MemoryPlan.parts`):
                  likewise); 0 with LoRA (the adapter-disabled base)
     gradients    the trainable parameters' gradients, in their dtype (LoRA's adapters: float32); during the update
                  only (freed after each step)
-    optimizer    AdamW's two moments per trainable parameter, in its dtype
+    optimizer    AdamW's two moments per trainable parameter, in its dtype (optim.name=adamw_8bit: 8-bit codes and a
+                 float32 scale per 256 values, train/optim.py MOMENT_BYTES)
     activations  one micro-batch: optim.micro_batch_tokens x the bytes autograd keeps per token (measured on a
                  one- and two-layer copy of the architecture, grpo.models.footprint), plus the log-prob chunk's
                  float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad),
@@ -64,6 +65,7 @@ class MemoryPlan:
     where: str = "memory"  # "memory" (RAM) or "GPU memory"
     notes: list[str] = field(default_factory=list)
     bf16_base_saves: int = 0  # bytes model.frozen_dtype=bfloat16 would save (frozen linear layers held in bf16)
+    adamw_8bit_saves: int = 0  # bytes optim.name=adamw_8bit would save (full fine-tuning with adamw)
 
     @property
     def peak(self) -> int:
@@ -208,10 +210,14 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     worker = weights + reference + generation + ASYNC_WORKER_RUNTIME if cfg.rollout.mode == "async" else 0
     train_bytes = 4 if lora else dtype_bytes  # gradients and AdamW's moments take the trained weights' dtype
     parts = {"runtime": process_rss() if device.type == "cpu" else 0, "weights": weights, "reference": reference,
-             "gradients": trainable * train_bytes, "optimizer": 2 * trainable * train_bytes, "generation": generation,
+             "gradients": trainable * train_bytes, "optimizer": optimizer_bytes(cfg.optim.name, trainable, train_bytes),
+             "generation": generation,
              "worker": worker}
     available, where = _memory(device)
-    plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where, bf16_base_saves=bf16_base_saves)
+    adamw_8bit_saves = 0 if lora or cfg.optim.name != "adamw" else (
+        parts["optimizer"] - optimizer_bytes("adamw_8bit", trainable, train_bytes))
+    plan = MemoryPlan(parts | {"activations": 0}, 0, per_token, available, where, bf16_base_saves=bf16_base_saves,
+                      adamw_8bit_saves=adamw_8bit_saves)
     tokens = cfg.optim.micro_batch_tokens
     if tokens is None:
         budget = max(ACTIVATION_SHARE * plan.floor, MIN_ACTIVATION_BYTES)
@@ -227,6 +233,14 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
         cfg = cfg.model_copy(deep=True)
         cfg.optim.micro_batch_tokens = tokens  # saved in config.yaml: a resume micro-batches the same way
     return cfg, plan
+
+
+def optimizer_bytes(name: str, trainable: int, train_bytes: int) -> int:
+    """Bytes of the two AdamW moments of `trainable` parameters trained in `train_bytes`-byte floats."""
+    from grpo.train.optim import MOMENT_BYTES
+
+    per_moment = train_bytes if name == "adamw" else MOMENT_BYTES[name]
+    return int(2 * trainable * per_moment)
 
 
 def _report(plan: MemoryPlan, cfg, console) -> None:
@@ -251,6 +265,9 @@ def _fixes(plan: MemoryPlan, cfg) -> list[str]:
     if cfg.model.lora_rank == 0:
         out.append(f"model.lora_rank=16 (LoRA: no gradients or optimizer state for the base, about "
                    f"{(p['gradients'] + p['optimizer']) / GIB:.1f} GiB less)")
+    if plan.adamw_8bit_saves >= 0.1 * plan.peak:  # where the moments are a large part (0.5B+ full fine-tuning)
+        out.append(f"optim.name=adamw_8bit (8-bit AdamW moments, {plan.adamw_8bit_saves / GIB:.1f} GiB less; "
+                   "pip install 'grpo[torchao]')")
     if plan.bf16_base_saves:
         out.append(f"model.frozen_dtype=bfloat16 (the frozen linear layers held in bf16, "
                    f"{plan.bf16_base_saves / GIB:.1f} GiB less)")

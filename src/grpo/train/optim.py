@@ -1,10 +1,21 @@
-"""Optimizer and learning-rate schedule (AdamW with linear warm-up, then constant, cosine or linear decay)."""
+"""Optimizer and learning-rate schedule (AdamW with linear warm-up, then constant, cosine or linear decay).
+
+optim.name chooses the AdamW: torch's (float32 moments), or torchao's AdamW8bit (the moments in 8 bits, block-wise
+scaled; the same update up to the moments' rounding), for full fine-tuning where the moments are the largest part.
+"""
 
 from __future__ import annotations
 
 import math
+import shutil
 
 import torch
+
+from grpo.errors import ConfigError, MissingExtraError
+
+# torchao's AdamW8bit: moments of tensors of at least 4,096 values (a multiple of the block) are 8-bit codes with a
+# float32 scale per block of 256; smaller ones (norms, biases) stay float32. Bytes of one moment per parameter:
+MOMENT_BYTES = {"adamw": 4.0, "adamw_8bit": 1.0 + 4 / 256}
 
 
 def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None):
@@ -17,11 +28,14 @@ def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None
     version counters, which the vLLM engine reads to know that the weights changed (rollout/vllm_engine.py
     `param_versions`): a hook bumps them after each step, as the per-parameter loop's own writes do."""
     params = [p for p in params if p.requires_grad]
-    fused = _fused_applies(params)
-    opt = torch.optim.AdamW(params, lr=lr or optim_cfg.lr, betas=tuple(optim_cfg.betas),
-                            weight_decay=optim_cfg.weight_decay, fused=fused or None)
-    if fused:
-        opt.register_step_post_hook(_mark_written)
+    if optim_cfg.name == "adamw_8bit":
+        opt = _adamw_8bit(params, optim_cfg, lr or optim_cfg.lr)
+    else:
+        fused = _fused_applies(params)
+        opt = torch.optim.AdamW(params, lr=lr or optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                weight_decay=optim_cfg.weight_decay, fused=fused or None)
+        if fused:
+            opt.register_step_post_hook(_mark_written)
     warm, kind = optim_cfg.warmup_steps, optim_cfg.schedule
     total = max(total_steps, 1)
 
@@ -36,6 +50,33 @@ def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None
         return 1.0
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _adamw_8bit(params: list, optim_cfg, lr: float):
+    """torchao's AdamW8bit with AdamW's settings (eps 1e-8 as torch's). Its step runs torch.compile, which on the CPU
+    builds C++: checked here, not at the first step after the model and the first rollouts."""
+    try:
+        from torchao.optim import AdamW8bit
+    except ImportError as e:
+        raise MissingExtraError(f"optim.name=adamw_8bit needs torchao: pip install 'grpo[torchao]' ({e})") from e
+    devices = {p.device.type for p in params}
+    if "cpu" in devices and not _cxx_compiler():
+        raise ConfigError("optim.name=adamw_8bit compiles its step with torch.compile, which on the CPU needs a C++ "
+                          "compiler, and none was found (install g++, or set CXX); optim.name=adamw needs none")
+    if any(type(p.data) is not torch.Tensor for p in params):
+        raise ConfigError("optim.name=adamw_8bit is not supported with sharded parameters (parallel.* / torchrun); "
+                          "use optim.name=adamw")
+    opt = AdamW8bit(params, lr=lr, betas=tuple(optim_cfg.betas), eps=1e-8, weight_decay=optim_cfg.weight_decay)
+    opt.register_step_post_hook(_mark_written)  # its compiled step writes through a copy the counters may miss
+    return opt
+
+
+def _cxx_compiler() -> str | None:
+    """The C++ compiler torch's inductor would call on the CPU: $CXX, else the first of its usual names."""
+    import os
+
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return next((found for found in map(shutil.which, names) if found), None)
 
 
 def _mark_written(optimizer, args, kwargs) -> None:

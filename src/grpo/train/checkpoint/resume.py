@@ -25,14 +25,20 @@ __all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "claim_run_dir
 
 # Changing these between a checkpoint and its resume would change what a step means (or the data order, or the
 # reference model of the built-in model; model.frozen_dtype: a LoRA base rounded to bf16 or not, which the memory
-# plan may choose by itself): refuse. Every other change is allowed and printed.
-INCOMPATIBLE = ["model.name", "model.frozen_dtype", "rollout.group_size", "rollout.prompts_per_step", "data.task",
+# plan may choose by itself; optim.name: the optimizer state's format): refuse. Every other change is allowed and
+# printed.
+INCOMPATIBLE = ["model.name", "model.frozen_dtype", "optim.name", "rollout.group_size", "rollout.prompts_per_step", "data.task",
                 "data.difficulty", "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
                 "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
 
 
 def check_resume_config(saved: dict, current: dict, printer) -> None:
-    """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes."""
+    """Refuse (ConfigError naming the fields) if an INCOMPATIBLE setting changed; print the other changes. A setting
+    the saved config lacks (written before the setting existed) counts as its default."""
+    try:
+        saved = build_config(saved).to_dict()
+    except Exception:  # noqa: BLE001 - a config this version no longer accepts is compared as it was written
+        pass
     old, new = flat_dict(saved), flat_dict(current)
     bad = [k for k in INCOMPATIBLE if old.get(k) != new.get(k)]
     if bad:
