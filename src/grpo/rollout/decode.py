@@ -243,4 +243,14 @@ class LeanDecoder:
             h = residual + attn.o_proj(out.reshape(B, 1, -1))
             residual = h
             h = residual + layer.mlp(layer.post_attention_layernorm(h))
-        return self.base.lm_head(inner.norm(h))[:, -1]
+        return self.head(inner.norm(h)[:, -1])
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, H) -> logits (B, V). A plain linear head is computed as W @ x^T, a (V, B) product returned
+        transposed (a view): on the CPU that orientation of the same product was the faster one at 128 rows
+        (bench/results/engines_model.json, floor.head_ms; docs/performance.md); the sampler reads the view as it is."""
+        head = self.base.lm_head
+        if type(head) is not torch.nn.Linear:
+            return head(x)
+        logits = (head.weight @ x.t()).t()
+        return logits if head.bias is None else logits + head.bias

@@ -104,20 +104,29 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float, u: tor
         logp = torch.log_softmax(logits.float(), -1)
         tok = logp.argmax(-1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    if top_p < 1.0:
-        sorted_logp, order = logp.sort(-1, descending=True)
-        probs = sorted_logp.exp()
-        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
-        logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp)
-        logp = torch.log_softmax(logp, -1)
-    cdf = logp.exp().cumsum(-1)
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    if top_p >= 1.0:  # two passes over the vocabulary: the probabilities and their running sum
+        probs = torch.softmax(scaled, -1)
+        tok = _inverse_cdf(probs.cumsum(-1), u)
+        # the log of the token's probability: a sampled token's probability is far above float32's smallest normal
+        return tok, probs.gather(-1, tok[:, None])[:, 0].log()
+    logp = torch.log_softmax(scaled, -1)
+    sorted_logp, order = logp.sort(-1, descending=True)
+    probs = sorted_logp.exp()
+    drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+    sorted_logp = sorted_logp.masked_fill(drop, float("-inf"))
+    logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_logp)
+    logp = torch.log_softmax(logp, -1)
+    tok = _inverse_cdf(logp.exp().cumsum(-1), u)
+    return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+
+def _inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """cdf (B, V) running sums of each row's probabilities, u (B,) -> (B,) the token at u * the row's total."""
     # right=True picks the first index whose cdf exceeds u*total, which has positive probability; the factor
     # keeps u*total below the total despite rounding.
     target = u.to(cdf.dtype)[:, None] * cdf[:, -1:] * (1 - 1e-6)
-    tok = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
-    return tok, logp.gather(-1, tok[:, None])[:, 0]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
 
 
 @dataclass
