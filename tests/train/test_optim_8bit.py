@@ -95,6 +95,9 @@ def test_the_moments_are_held_in_8_bits_as_the_memory_plan_counts_them():
     assert held == optimizer_bytes("adamw_8bit", net.weight.numel(), 4)  # codes + a float32 scale per 256 values
     assert optimizer_bytes("adamw", net.weight.numel(), 4) == 8 * net.weight.numel()
     assert type(opt.state[net.bias]["exp_avg"]) is torch.Tensor  # 64 values: float32, as the plan's rounding allows
+    from grpo.bench.optimizer_learning import state_bytes  # what the learning benchmark reports
+
+    assert state_bytes(opt) == held + 2 * 64 * 4 + 2 * 4  # + the bias's float32 moments + two float32 step counts
 
 
 def test_its_state_goes_through_a_checkpoint_file_and_continues_the_same(tmp_path):
@@ -149,3 +152,26 @@ def test_without_torchao_or_a_compiler_it_says_what_to_install(monkeypatch):
     monkeypatch.delenv("CXX")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert optim_mod._cxx_compiler() is None
+
+
+@pytest.mark.slow
+def test_a_run_with_8bit_moments_trains_logs_and_checkpoints(tmp_path):
+    """`grpo train optim.name=adamw_8bit` end to end on a tiny model: its metrics are plain numbers (torchao keeps the
+    learning rate as a tensor: it once broke metrics.jsonl), the weights move, and its checkpoint holds 8-bit moments."""
+    import json
+
+    from helpers.tiny_hf import save_tiny_model, small_run, write_chat_jsonl
+
+    from grpo.cli import main
+    from grpo.train.checkpoint import latest_checkpoint
+    from grpo.train.checkpoint.files import _torch_load
+
+    model_dir = save_tiny_model(tmp_path / "model", hidden=64, intermediate=128)
+    run = tmp_path / "run"
+    assert main(["train", *small_run(model_dir, write_chat_jsonl(tmp_path / "d.jsonl"), run, "optim.name=adamw_8bit",
+                                     "train.save_every=1")]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["optim/lr"] for r in rows if "optim/lr" in r]
+    assert lrs and all(type(x) is float and x == pytest.approx(0.01, rel=1e-6) for x in lrs)  # held in float32
+    state = _torch_load(latest_checkpoint(run) / "optimizer.policy.pt")["state"]
+    assert any(type(m).__name__ == "OptimState8bit" for s in state.values() for m in s.values())

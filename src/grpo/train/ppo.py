@@ -186,5 +186,5 @@ class Critic:
             out["loss/value"] += loss_sum / cfg.algo.epochs
             out["critic/grad_norm"] += float(grad_norm) / cfg.algo.epochs
             out["critic/clip_frac"] += clipped / float(num_tokens) / cfg.algo.epochs
-        out["optim/value_lr"] = self.scheduler.get_last_lr()[0]
+        out["optim/value_lr"] = float(self.scheduler.get_last_lr()[0])  # a tensor under torchao's optimizers
         return out

@@ -256,7 +256,7 @@ def _update_metrics(sums: dict, first_epoch: dict, skipped: int, epochs: int, sc
     out.setdefault("loss/kl", 0.0)
     out.setdefault("policy/kl", 0.0)
     out["train/skipped_updates"] = float(skipped)
-    out["optim/lr"] = scheduler.get_last_lr()[0]
+    out["optim/lr"] = float(scheduler.get_last_lr()[0])  # torchao's optimizers keep the rate as a tensor
     return out
 
 
