@@ -38,6 +38,9 @@ SOURCES = {
     "bench/results/vocab.json": ("src/grpo/bench/vocab.py", "bench/results/vocab.json"),
     "bench/results/vocab_train.json": ("scripts/vocab_train_memory.py", "bench/results/vocab_train.json"),
     "bench/results/engines.json": ("src/grpo/bench/engines.py", "bench/results/engines.json"),
+    "bench/results/engines_model.json": ("src/grpo/bench/engines.py", "bench/results/engines_model.json"),
+    "bench/results/optimizer_learning.json": ("src/grpo/bench/optimizer_learning.py",
+                                              "bench/results/optimizer_learning.json"),
     "bench/results/compare.json": ("src/grpo/compare/run.py", "compare.json"),
     "bench/results/versus_trl_builtin.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
     "bench/results/versus_trl_smollm2.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
@@ -90,6 +93,8 @@ PROFILE = "bench/results/profile_step_smollm2.json"
 MEMORY_DOC = "docs/memory.md"
 BF16 = "bench/results/bf16_matmul.json"
 MEMORY = "bench/results/memory.json"
+ENGINES_MODEL = "bench/results/engines_model.json"
+OPTIM_LEARNING = "bench/results/optimizer_learning.json"
 
 
 def _entry(d, name: str) -> dict:
@@ -633,6 +638,49 @@ FIGURES = [
       f=lambda d: _entry(d, "qwen2.5-1.5b-lora16-P4")["peak_mb"] * 2**20 / 1e9,
       bs=lambda d: _mean(_entry(d, "qwen2.5-1.5b-lora16-bf16base-P4")["step_s"]),
       fs=lambda d: _mean(_entry(d, "qwen2.5-1.5b-lora16-P4")["step_s"])),
+    # docs/performance.md: generation at the training defaults against generate (grpo.bench.engines --model)
+    F(PERF_DOC, ENGINES_MODEL, "| native (`Sampler`) | {engines.native.gen_tokens_per_s:.0f} | "
+                               "{engines.native.gflop_per_s:.1f} | {engines.native.of_matmul_peak:.0%} |"),
+    F(PERF_DOC, ENGINES_MODEL, "| transformers `generate` | {engines.hf.gen_tokens_per_s:.0f} | "
+                               "{engines.hf.gflop_per_s:.1f} | {engines.hf.of_matmul_peak:.0%} |"),
+    F(PERF_DOC, ENGINES_MODEL, "`generate` took {engines.hf.step_s_over_native:.2f}x native's time for the same tokens"),
+    F(PERF_DOC, ENGINES_MODEL, "2 x {params:.1f}M parameters x ({floor.prompt_tokens} prompt + {floor.decoded_tokens:,} "
+                               "decoded tokens), without the output head at the prompt positions whose logits nobody "
+                               "reads: {floor.gflop:,.0f} GFLOP",
+      params=lambda d: d["floor"]["params"] / 1e6),
+    F(PERF_DOC, ENGINES_MODEL, "reach {floor.matmul_peak_gflop_per_s:.1f} GFLOP/s on one thread at the model's largest "
+                               "layer with 4,096 rows, measured in the same run"),
+    F(PERF_DOC, ENGINES_MODEL, "({floor.head_ms.w_xt:.0f} ms a step at N = 128 against {floor.head_ms.linear:.0f} ms"),
+    # docs/memory.md: 8-bit AdamW moments, memory (grpo bench --memory)
+    F(MEMORY_DOC, MEMORY, "peaked at {b:.2f} GB with 8-bit moments against {a:.2f} GB with float32 ones (the whole "
+                          "process tree; planned {bp:.2f} and {ap:.2f} GB), at {bs:.0f} against {as_:.0f} s a step",
+      b=lambda d: _entry(d, "qwen2.5-0.5b-full-adamw8bit-P4")["peak_mb"] * 2**20 / 1e9,
+      a=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["peak_mb"] * 2**20 / 1e9,
+      bp=lambda d: _entry(d, "qwen2.5-0.5b-full-adamw8bit-P4")["planned_mb"] * 2**20 / 1e9,
+      ap=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["planned_mb"] * 2**20 / 1e9,
+      bs=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-adamw8bit-P4")["step_s"]),
+      as_=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4")["step_s"])),
+    # docs/memory.md: 8-bit AdamW moments, learning (grpo.bench.optimizer_learning)
+    F(MEMORY_DOC, OPTIM_LEARNING, "| `adamw` | {summary.adamw.gain_test.mean:+.3f} ± {summary.adamw.gain_test.std:.3f} "
+                                  "| {a_state:.0f} MiB | {summary.adamw.step_cpu_s_median.mean:.1f} | "
+                                  "{summary.adamw.peak_rss_mb.mean:,.0f} MB |",
+      a_state=lambda d: d["summary"]["adamw"]["optimizer_state_bytes"] / 2**20),
+    F(MEMORY_DOC, OPTIM_LEARNING, "| `adamw_8bit` | {summary.adamw_8bit.gain_test.mean:+.3f} ± "
+                                  "{summary.adamw_8bit.gain_test.std:.3f} | {b_state:.0f} MiB | "
+                                  "{summary.adamw_8bit.step_cpu_s_median.mean:.1f} | "
+                                  "{summary.adamw_8bit.peak_rss_mb.mean:,.0f} MB |",
+      b_state=lambda d: d["summary"]["adamw_8bit"]["optimizer_state_bytes"] / 2**20),
+    F(MEMORY_DOC, OPTIM_LEARNING, "From {before.test.accuracy:.3f} test accuracy before training"),
+    F(MEMORY_DOC, OPTIM_LEARNING, "the test gain was {summary.difference_8bit_minus_float32.gain_test.mean:+.3f} ± "
+                                  "{summary.difference_8bit_minus_float32.gain_test.std:.3f} (per seed "
+                                  "{d0:+.3f}, {d1:+.3f}, {d2:+.3f})",
+      d0=lambda d: d["summary"]["difference_8bit_minus_float32"]["gain_test"]["values"][0],
+      d1=lambda d: d["summary"]["difference_8bit_minus_float32"]["gain_test"]["values"][1],
+      d2=lambda d: d["summary"]["difference_8bit_minus_float32"]["gain_test"]["values"][2]),
+    F(MEMORY_DOC, OPTIM_LEARNING, "The 8-bit step took {slower:.0%} more CPU time here, and its first step compiled it "
+                                  "({summary.adamw_8bit.first_step_cpu_s.values[0]:.0f} CPU s",
+      slower=lambda d: d["summary"]["adamw_8bit"]["step_cpu_s_median"]["mean"]
+      / d["summary"]["adamw"]["step_cpu_s_median"]["mean"] - 1),
     # docs/memory.md: bf16 products on this CPU (scripts/bf16_matmul.py)
     F(MEMORY_DOC, BF16, "bfloat16 products ran at {shapes[0].bf16_over_fp32:.3f}x, {shapes[1].bf16_over_fp32:.3f}x and "
                         "{shapes[2].bf16_over_fp32:.3f}x float32's speed"),

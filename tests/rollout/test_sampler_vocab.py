@@ -4,6 +4,7 @@ truncated one (checked against probabilities written here)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo.rollout.sampler import sample_tokens
@@ -48,3 +49,20 @@ def test_top_p_tokens_and_logp_against_the_truncated_distribution():
         assert int(tok[row]) in set(keep.tolist())
         want = torch.log(p[row, tok[row]] / p[row, keep].sum())
         torch.testing.assert_close(logp[row].double(), want, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.3])
+def test_top_p_one_logp_is_the_tempered_log_softmax_in_float64(temperature):
+    """At top_p = 1 the log-prob is the log of the sampled token's softmax probability (two passes over the
+    vocabulary): the same as log_softmax computed in float64, to float32's accuracy, including tiny uniforms that
+    pick improbable tokens; the token is the inverse CDF of the float64 distribution at u (up to rounding at a
+    boundary)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(8, V, generator=g) * 4
+    u = torch.cat([torch.rand(6, generator=g), torch.tensor([0.0, 1e-7])])
+    tok, logp = sample_tokens(logits, temperature, 1.0, u)
+    want = torch.log_softmax(logits.double() / temperature, -1)
+    torch.testing.assert_close(logp.double(), want.gather(-1, tok[:, None])[:, 0], rtol=0, atol=2e-4)
+    cdf = want.exp().cumsum(-1)
+    expected = torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True)[:, 0]
+    assert (tok - expected).abs().max() <= 1

@@ -129,6 +129,9 @@ def test_its_state_goes_through_a_checkpoint_file_and_continues_the_same(tmp_pat
 
 
 def test_each_step_changes_what_the_engine_reads_as_the_weights_version():
+    """The vLLM engine reloads the weights only when their version counters changed (rollout/vllm_engine.py
+    param_versions). torch's fused AdamW does not bump them (build_optimizer adds a hook for it); torchao's compiled
+    step does by itself: this fails if a torch or torchao version stops doing so."""
     from grpo.rollout.vllm_engine import param_versions
 
     net = model()
@@ -157,7 +160,7 @@ def test_without_torchao_or_a_compiler_it_says_what_to_install(monkeypatch):
 @pytest.mark.slow
 def test_a_run_with_8bit_moments_trains_logs_and_checkpoints(tmp_path):
     """`grpo train optim.name=adamw_8bit` end to end on a tiny model: its metrics are plain numbers (torchao keeps the
-    learning rate as a tensor: it once broke metrics.jsonl), the weights move, and its checkpoint holds 8-bit moments."""
+    learning rate as a tensor: it once broke metrics.jsonl), and its checkpoint holds 8-bit moments."""
     import json
 
     from helpers.tiny_hf import save_tiny_model, small_run, write_chat_jsonl

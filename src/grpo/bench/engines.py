@@ -251,10 +251,11 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
 
 
 def generate_floor(model, tok, prompts, plan: EnginePlan) -> dict:
-    """The arithmetic a generate call cannot avoid: 2 x parameters (the output head's included, the input embedding's
-    lookup not) x tokens fed, each prompt's tokens once (its keys and values serve its G rows) and each decoded
-    token once (N x (T - 1): the last sampled token is never fed); attention's own products are left out (they are
-    small at these lengths). {'params', 'prompt_tokens', 'decoded_tokens', 'gflop'}."""
+    """The arithmetic a generate call cannot avoid: 2 x parameters (the input embedding's lookup not counted) x tokens
+    fed, each prompt's tokens once (its keys and values serve its G rows) and each decoded token once (N x (T - 1):
+    the last sampled token is never fed), the output head only where logits are needed (a prompt's last position,
+    every decoded token); attention's own products are left out (they are small at these lengths).
+    {'params', 'prompt_tokens', 'decoded_tokens', 'gflop', ...}."""
     from grpo.tokens import prompt_token_ids
 
     embed = model.get_input_embeddings().weight
@@ -265,7 +266,7 @@ def generate_floor(model, tok, prompts, plan: EnginePlan) -> dict:
     cfg = getattr(model, "config", None)
     hidden, inner = getattr(cfg, "hidden_size", embed.shape[1]), getattr(cfg, "intermediate_size", 4 * embed.shape[1])
     return {"params": params, "prompt_tokens": prompt_tokens, "decoded_tokens": decoded,
-            "gflop": 2 * params * (prompt_tokens + decoded) / 1e9,
+            "gflop": 2 * (params * (prompt_tokens + decoded) - head.numel() * (prompt_tokens - plan.prompts)) / 1e9,
             "matmul_peak_gflop_per_s": matmul_peak(hidden, inner, embed.device, embed.dtype),
             "head_ms": head_orientations(head, plan.prompts * plan.group_size)}
 

@@ -10,7 +10,7 @@ the resident sets of the child and all its descendants, polled every POLL_S seco
 and the child's own high-water mark (summary.json memory/peak_rss_mb, VmHWM) checks the polling missed no spike.
 
 floor: what no implementation can go under, 16 bytes a trainable parameter (float32 weights, gradients, AdamW's two
-moments) plus the frozen weights (LoRA: the base in model.dtype). planned: the run's printed plan
+moments; about 10 with optim.name=adamw_8bit's 8-bit moments) plus the frozen weights (LoRA: the base in model.dtype). planned: the run's printed plan
 (train/memory_plan.py). TRL: its GRPOTrainer on the same model and batch (grpo.bench.versus_trl's worker, 2
 optimizer steps), polled the same way.
 
@@ -40,6 +40,9 @@ ENTRIES = {
                                              "rollout.max_new_tokens=48"]),
     "qwen2.5-0.5b-full-P4": ("qwen2.5-0.5b", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
     "qwen2.5-0.5b-full-defaults": ("qwen2.5-0.5b", []),
+    # AdamW's moments in 8 bits (torchao's AdamW8bit; needs grpo[torchao])
+    "qwen2.5-0.5b-full-adamw8bit-P4": ("qwen2.5-0.5b", ["optim.name=adamw_8bit", "rollout.prompts_per_step=4",
+                                                        "rollout.group_size=8"]),
     "qwen2.5-1.5b-lora16-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "rollout.prompts_per_step=4",
                                                 "rollout.group_size=8"]),
     # the base's linear layers held in bf16 (computed in float32 on a CPU without native bf16; in bf16 with it)
@@ -88,10 +91,14 @@ def _env() -> dict:
                 TOKENIZERS_PARALLELISM="false")
 
 
-def floor_mb(counts) -> float:
-    """16 bytes a trainable parameter plus the frozen ones in float32 (the CPU's model.dtype), MiB."""
+def floor_mb(counts, overrides: list[str] = ()) -> float:
+    """16 bytes a trainable parameter (8-bit moments, optim.name=adamw_8bit: 10 and their scales) plus the frozen ones
+    in float32 (the CPU's model.dtype), MiB."""
+    from grpo.train.optim import MOMENT_BYTES
+
+    name = dict(o.split("=", 1) for o in overrides).get("optim.name", "adamw")
     frozen = counts.total - counts.trainable
-    return round((16 * counts.trainable + 4 * frozen) / 2**20, 1)
+    return round(((8 + 2 * MOMENT_BYTES[name]) * counts.trainable + 4 * frozen) / 2**20, 1)
 
 
 def _counts(model_dir: str, overrides: list[str]):
@@ -121,7 +128,7 @@ def run_entry(name: str, model_dir: str, overrides: list[str], work: Path, log=p
     out = {"model": model_dir, "overrides": overrides, **res, "vmhwm_mb": summary.get("memory/peak_rss_mb"),
            "planned_mb": summary.get("memory/planned_peak_mb"),
            "micro_batch_tokens": summary.get("memory/micro_batch_tokens"),
-           "floor_mb": floor_mb(counts), "step_s": steps,
+           "floor_mb": floor_mb(counts, overrides), "step_s": steps,
            "load_avg_before": load[0], "load_avg_after": os.getloadavg()[0]}
     out["peak_mb"] = max(out["peak_tree_mb"], out["vmhwm_mb"] or 0)
     out["params"] = counts.total if counts.trainable == counts.total else counts.total - counts.trainable  # no adapters
@@ -209,7 +216,8 @@ def _batch(overrides: list[str]) -> str:
 
 def _method(overrides: list[str]) -> str:
     method = "LoRA r=16" if "model.lora_rank=16" in overrides else "full"
-    return method + (", bf16 base" if "model.frozen_dtype=bfloat16" in overrides else "")
+    return (method + (", bf16 base" if "model.frozen_dtype=bfloat16" in overrides else "")
+            + (", 8-bit AdamW" if "optim.name=adamw_8bit" in overrides else ""))
 
 
 def table_rows(result: dict, source: str) -> str:
@@ -217,7 +225,8 @@ def table_rows(result: dict, source: str) -> str:
     entries (with TRL's peak on the same model and batch where --trl measured it), then the computed plans, each
     naming `source`."""
     rows = []
-    for name, e in result.get("entries", {}).items():
+    entries = result.get("entries", {})
+    for name, e in sorted(entries.items(), key=lambda kv: list(ENTRIES).index(kv[0])):  # ENTRIES' order
         key = ENTRIES[name][0]
         method = _method(e["overrides"])
         step = sum(e["step_s"]) / len(e["step_s"])

@@ -189,8 +189,9 @@ class OptimConfig(_Section):
     name: Literal["adamw", "adamw_8bit"] = Field(
         "adamw", description="adamw: torch's AdamW (two float32 moments, 8 bytes a trained parameter); adamw_8bit: "
         "torchao's AdamW8bit, the moments in 8 bits with a scale per 256 values (about 2 bytes a parameter: 3 GB less "
-        "at 0.5B), for full fine-tuning where the moments do not fit; each step costs more time and compiles once "
-        "(torch.compile; a C++ compiler on CPU). pip install 'grpo[torchao]'; docs/memory.md")
+        "at 0.5B), for full fine-tuning where the moments do not fit (PPO's critic gets it too); each step costs more "
+        "time, and the first compiles it once per parameter shape (torch.compile; on CPU a C++ compiler, $CXX or "
+        "g++). pip install 'grpo[torchao]'; docs/memory.md")
     lr: float = Field(1e-4, gt=0.0, description="1e-4 is the built-in model's; a model directory gets 1e-6 (full "
                       "fine-tuning) or 1e-5 (LoRA) unless set (grpo.train.defaults, docs/scale.md)")
     weight_decay: float = Field(0.0, ge=0.0)

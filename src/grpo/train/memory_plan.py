@@ -265,7 +265,7 @@ def _fixes(plan: MemoryPlan, cfg) -> list[str]:
     if cfg.model.lora_rank == 0:
         out.append(f"model.lora_rank=16 (LoRA: no gradients or optimizer state for the base, about "
                    f"{(p['gradients'] + p['optimizer']) / GIB:.1f} GiB less)")
-    if plan.adamw_8bit_saves >= 0.1 * plan.peak:  # where the moments are a large part (0.5B+ full fine-tuning)
+    if plan.adamw_8bit_saves >= 0.1 * plan.peak and cfg.parallel.strategy != "fsdp":  # moments a large part
         out.append(f"optim.name=adamw_8bit (8-bit AdamW moments, {plan.adamw_8bit_saves / GIB:.1f} GiB less; "
                    "pip install 'grpo[torchao]')")
     if plan.bf16_base_saves:

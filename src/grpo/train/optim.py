@@ -64,19 +64,18 @@ def _adamw_8bit(params: list, optim_cfg, lr: float):
         raise ConfigError("optim.name=adamw_8bit compiles its step with torch.compile, which on the CPU needs a C++ "
                           "compiler, and none was found (install g++, or set CXX); optim.name=adamw needs none")
     if any(type(p.data) is not torch.Tensor for p in params):
-        raise ConfigError("optim.name=adamw_8bit is not supported with sharded parameters (parallel.* / torchrun); "
-                          "use optim.name=adamw")
-    opt = AdamW8bit(params, lr=lr, betas=tuple(optim_cfg.betas), eps=1e-8, weight_decay=optim_cfg.weight_decay)
-    opt.register_step_post_hook(_mark_written)  # its compiled step writes through a copy the counters may miss
-    return opt
+        raise ConfigError("optim.name=adamw_8bit is not supported with sharded parameters (parallel.strategy=fsdp); "
+                          "use optim.name=adamw, or parallel.strategy=ddp")
+    # its compiled step bumps the parameters' version counters itself, as the vLLM engine needs (tested)
+    return AdamW8bit(params, lr=lr, betas=tuple(optim_cfg.betas), eps=1e-8, weight_decay=optim_cfg.weight_decay)
 
 
 def _cxx_compiler() -> str | None:
-    """The C++ compiler torch's inductor would call on the CPU: $CXX, else the first of its usual names."""
+    """The C++ compiler torch's inductor calls on Linux (torch._inductor.config.cpp.cxx): $CXX, else g++; None when it
+    is not on PATH."""
     import os
 
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
-    return next((found for found in map(shutil.which, names) if found), None)
+    return shutil.which(os.environ.get("CXX") or "g++")
 
 
 def _mark_written(optimizer, args, kwargs) -> None:
