@@ -275,37 +275,31 @@ def head_orientations(weight: torch.Tensor, rows: int) -> dict:
     """Milliseconds of one decode step's output head for `rows` rows, best of 5 (the bench's clock and threads), in
     the two orientations of the same product: `linear` F.linear(x, W), (N x H) @ (H x V); `w_xt` W @ x^T, (V x H) @
     (H x N), which LeanDecoder uses (rollout/decode.py)."""
-    from grpo.tracking.clock import Clock
-
-    clock = Clock(weight.device)
     x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
-    out = {}
-    for name, fn in (("linear", lambda: torch.nn.functional.linear(x, weight)), ("w_xt", lambda: weight @ x.t())):
-        fn()
-        best = float("inf")
-        for _ in range(5):
-            t0 = clock()
-            fn()
-            best = min(best, clock() - t0)
-        out[name] = best * 1e3
-    return out
+    return {"linear": _best_s(lambda: torch.nn.functional.linear(x, weight), weight.device) * 1e3,
+            "w_xt": _best_s(lambda: weight @ x.t(), weight.device) * 1e3}
 
 
 def matmul_peak(hidden: int, inner: int, device, dtype, rows: int = 4096) -> float:
     """GFLOP/s of the model's largest layer product at many rows ((rows x hidden) @ (hidden x inner), best of 5,
     the bench's threads): what this machine's matrix products reach when nothing else limits them."""
+    a = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = torch.randn(inner, hidden, device=device, dtype=dtype)
+    return 2 * rows * hidden * inner / _best_s(lambda: torch.nn.functional.linear(a, w), device) / 1e9
+
+
+def _best_s(fn, device, repeats: int = 5) -> float:
+    """The fastest of `repeats` calls of fn after one untimed call, seconds by the bench's clock."""
     from grpo.tracking.clock import Clock
 
     clock = Clock(device)
-    a = torch.randn(rows, hidden, device=device, dtype=dtype)
-    w = torch.randn(inner, hidden, device=device, dtype=dtype)
-    torch.nn.functional.linear(a, w)
+    fn()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         t0 = clock()
-        torch.nn.functional.linear(a, w)
+        fn()
         best = min(best, clock() - t0)
-    return 2 * rows * hidden * inner / best / 1e9
+    return best
 
 
 def _version(name: str) -> str | None:

@@ -100,17 +100,24 @@ def score(model_path: str | Path, data: dict[str, str], split: str, max_new_toke
 
 
 # ------------------------------------------------------------------------------------------------ the trainers
+def ours_overrides(spec: dict, data: dict, lr: float, seed: int, steps: int = 100_000) -> list[str]:
+    """Our trainer's settings for a run of the benchmark (also grpo.bench.optimizer_learning's): the spec's task and
+    batch, a constant learning rate without warm-up, no preflight, no evaluation of its own (the evaluator scores the
+    saved model)."""
+    return [f"data.path={data['train']}", f"data.test_path={data['val']}", "reward.functions=[exact_answer]",
+            f"rollout.prompts_per_step={spec['prompts']}", f"rollout.group_size={spec['group']}",
+            f"rollout.max_new_tokens={spec['max_new_tokens']}", f"rollout.temperature={spec['temperature']}",
+            "rollout.top_p=1.0", f"optim.lr={lr}", "optim.warmup_steps=0", "optim.schedule=constant",
+            f"train.seed={seed}", f"train.steps={steps}", "train.preflight=off", "log.plots=false",
+            "eval.n=1", "eval.val_n=0", f"model.name={model_dir(spec)}"]
+
+
 def train_ours(spec: dict, job: dict, data: dict, out: Path) -> dict:
     """Trainer.step() until the job's CPU budget is spent; the final policy saved to `out`."""
     from grpo.config import load_config
     from grpo.train.trainer import Trainer
 
-    overrides = [f"data.path={data['train']}", f"data.test_path={data['val']}", "reward.functions=[exact_answer]",
-                 f"rollout.prompts_per_step={spec['prompts']}", f"rollout.group_size={spec['group']}",
-                 f"rollout.max_new_tokens={spec['max_new_tokens']}", f"rollout.temperature={spec['temperature']}",
-                 "rollout.top_p=1.0", f"optim.lr={job['lr']}", "optim.warmup_steps=0", "optim.schedule=constant",
-                 f"train.seed={job['seed']}", "train.steps=100000", "train.preflight=off", "log.plots=false",
-                 "eval.n=1", "eval.val_n=0", f"model.name={model_dir(spec)}"]
+    overrides = ours_overrides(spec, data, job["lr"], job["seed"])
     trainer = Trainer(load_config(None, overrides), run_dir=out.parent / "ours-run")
     steps, rewards, cpu0, wall0 = 0, [], time.process_time(), time.perf_counter()
     try:

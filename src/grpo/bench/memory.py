@@ -10,8 +10,8 @@ the resident sets of the child and all its descendants, polled every POLL_S seco
 and the child's own high-water mark (summary.json memory/peak_rss_mb, VmHWM) checks the polling missed no spike.
 
 floor: what no implementation can go under, 16 bytes a trainable parameter (float32 weights, gradients, AdamW's two
-moments; about 10 with optim.name=adamw_8bit's 8-bit moments) plus the frozen weights (LoRA: the base in model.dtype). planned: the run's printed plan
-(train/memory_plan.py). TRL: its GRPOTrainer on the same model and batch (grpo.bench.versus_trl's worker, 2
+moments; about 10 with optim.name=adamw_8bit's 8-bit moments) plus the frozen weights (LoRA: the base in
+model.dtype). planned: the run's printed plan (train/memory_plan.py). TRL: its GRPOTrainer on the same model and batch (grpo.bench.versus_trl's worker, 2
 optimizer steps), polled the same way.
 
 Seconds per step are the runs' own perf/step_s (mean of the 2 steps), with the load average beside them: on a
@@ -94,11 +94,11 @@ def _env() -> dict:
 def floor_mb(counts, overrides: list[str] = ()) -> float:
     """16 bytes a trainable parameter (8-bit moments, optim.name=adamw_8bit: 10 and their scales) plus the frozen ones
     in float32 (the CPU's model.dtype), MiB."""
-    from grpo.train.optim import MOMENT_BYTES
+    from grpo.train.memory_plan import optimizer_bytes
 
     name = dict(o.split("=", 1) for o in overrides).get("optim.name", "adamw")
     frozen = counts.total - counts.trainable
-    return round(((8 + 2 * MOMENT_BYTES[name]) * counts.trainable + 4 * frozen) / 2**20, 1)
+    return round((8 * counts.trainable + optimizer_bytes(name, counts.trainable, 4) + 4 * frozen) / 2**20, 1)
 
 
 def _counts(model_dir: str, overrides: list[str]):

@@ -57,20 +57,14 @@ def train(spec: dict, job: dict) -> dict:
     """One run: job['steps'] Trainer.step()s with job['optimizer'], the final policy saved and scored."""
     import torch
 
-    from grpo.bench.learning_vs_trl import model_dir, score
+    from grpo.bench.learning_vs_trl import ours_overrides, score
     from grpo.config import load_config
     from grpo.tracking.memory import peak_rss_mb
     from grpo.train.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
     data, out = job["data"], Path(job["model_out"])
-    overrides = [f"data.path={data['train']}", f"data.test_path={data['val']}", "reward.functions=[exact_answer]",
-                 f"rollout.prompts_per_step={spec['prompts']}", f"rollout.group_size={spec['group']}",
-                 f"rollout.max_new_tokens={spec['max_new_tokens']}", f"rollout.temperature={spec['temperature']}",
-                 "rollout.top_p=1.0", f"optim.lr={spec['lr']}", "optim.warmup_steps=0", "optim.schedule=constant",
-                 f"optim.name={job['optimizer']}", f"train.seed={job['seed']}", f"train.steps={spec['steps']}",
-                 "train.preflight=off", "log.plots=false", "eval.n=1", "eval.val_n=0",
-                 f"model.name={model_dir(spec)}"]
+    overrides = [*ours_overrides(spec, data, spec["lr"], job["seed"], spec["steps"]), f"optim.name={job['optimizer']}"]
     trainer = Trainer(load_config(None, overrides), run_dir=out.parent / f"run-{out.name}")
     rewards, step_cpu, cpu0, wall0 = [], [], time.process_time(), time.perf_counter()
     try:
@@ -90,6 +84,12 @@ def train(spec: dict, job: dict) -> dict:
             "after": after}
 
 
+def later_step_s(run: dict) -> float:
+    """Median CPU seconds of a run's steps after the first (which compiles the 8-bit step); the first alone if that
+    is all there is."""
+    return statistics.median(run["step_cpu_s"][1:] or run["step_cpu_s"])
+
+
 def summarize(runs: list[dict]) -> dict:
     def ms(values):
         return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -103,7 +103,7 @@ def summarize(runs: list[dict]) -> dict:
                          **{f"gain_{s}": ms([r[f"gain_{s}"] for r in rs]) for s in ("val", "test")},
                          **{f"after_{s}": ms([r["after"][s]["accuracy"] for r in rs]) for s in ("val", "test")},
                          "mean_reward": ms([statistics.fmean(r["reward_per_step"]) for r in rs]),
-                         "step_cpu_s_median": ms([statistics.median(r["step_cpu_s"][1:]) for r in rs]),
+                         "step_cpu_s_median": ms([later_step_s(r) for r in rs]),
                          "first_step_cpu_s": ms([r["step_cpu_s"][0] for r in rs]),
                          "optimizer_state_bytes": rs[0]["optimizer_state_bytes"],
                          "peak_rss_mb": ms([r["peak_rss_mb"] for r in rs])}
@@ -119,7 +119,9 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def run(spec: dict, output: Path, log=print) -> dict:
+    from grpo.bench.engines import _version
     from grpo.bench.learning_vs_trl import model_dir, score, write_splits
+    from grpo.tracking.rundir import write_text_atomic
 
     src = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]),
@@ -133,9 +135,7 @@ def run(spec: dict, output: Path, log=print) -> dict:
         result.update(torch=torch.__version__, torchao=_version("torchao"), cpu_count=os.cpu_count(),
                       bench_wall_s=time.perf_counter() - started)
         output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(output.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, output)
+        write_text_atomic(output, json.dumps(result, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="grpo-bench-optim-") as d:
         work = Path(d)
@@ -163,22 +163,13 @@ def run(spec: dict, output: Path, log=print) -> dict:
                 result["runs"].append(row)
                 log(f"[optim] {job['optimizer']} seed {seed}: test {row['after']['test']['accuracy']:.3f} "
                     f"({row['gain_test']:+.3f}), val {row['after']['val']['accuracy']:.3f}, "
-                    f"{statistics.median(row['step_cpu_s'][1:]):.1f} CPU s/step, state "
+                    f"{later_step_s(row):.1f} CPU s/step, state "
                     f"{row['optimizer_state_bytes'] / 2**20:.0f} MiB, peak {row['peak_rss_mb']:.0f} MB")
             result["summary"] = summarize(result["runs"])
             save()
     result["complete"] = True
     save()
     return result
-
-
-def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def main(argv=None) -> int:

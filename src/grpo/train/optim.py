@@ -14,8 +14,9 @@ import torch
 from grpo.errors import ConfigError, MissingExtraError
 
 # torchao's AdamW8bit: moments of tensors of at least 4,096 values (a multiple of the block) are 8-bit codes with a
-# float32 scale per block of 256; smaller ones (norms, biases) stay float32. Bytes of one moment per parameter:
-MOMENT_BYTES = {"adamw": 4.0, "adamw_8bit": 1.0 + 4 / 256}
+# float32 scale per block of 256; smaller ones (norms, biases) stay float32. Bytes of one moment per parameter
+# (torch's AdamW: the parameter's own dtype):
+MOMENT_BYTES = {"adamw_8bit": 1.0 + 4 / 256}
 
 
 def build_optimizer(params, optim_cfg, total_steps: int, lr: float | None = None):

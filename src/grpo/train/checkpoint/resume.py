@@ -27,9 +27,10 @@ __all__ = ["INCOMPATIBLE", "check_resume_config", "checkpointed", "claim_run_dir
 # reference model of the built-in model; model.frozen_dtype: a LoRA base rounded to bf16 or not, which the memory
 # plan may choose by itself; optim.name: the optimizer state's format): refuse. Every other change is allowed and
 # printed.
-INCOMPATIBLE = ["model.name", "model.frozen_dtype", "optim.name", "rollout.group_size", "rollout.prompts_per_step", "data.task",
-                "data.difficulty", "data.path", "data.train_size", "data.filter_long_prompts", "algo.advantage", "algo.epochs",
-                "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr", "warmup.seed"]
+INCOMPATIBLE = ["model.name", "model.frozen_dtype", "optim.name", "rollout.group_size", "rollout.prompts_per_step",
+                "data.task", "data.difficulty", "data.path", "data.train_size", "data.filter_long_prompts",
+                "algo.advantage", "algo.epochs", "train.seed", "warmup.steps", "warmup.batch_size", "warmup.lr",
+                "warmup.seed"]
 
 
 def check_resume_config(saved: dict, current: dict, printer) -> None:
