@@ -220,3 +220,26 @@ def test_8bit_moments_are_counted_and_offered_where_the_moments_are_a_large_part
         memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", "model.lora_rank=4"),
                                 model_dir, cpu, torch.float32, 20)
     assert "optim.name=adamw_8bit" not in str(e.value)
+
+
+@pytest.mark.parametrize("compute, cast", [("bfloat16", 2), ("bfloat16_emulated", 4)])
+def test_bf16_compute_plans_its_activations_and_its_weight_copies(model_dir, tmp_path, compute, cast, monkeypatch):
+    """model.compute_dtype=bfloat16 (or emulated) at one micro-batch size: the activations are that many tokens at
+    the probe's bf16 cost, plus the cast copy of every linear weight (autocast's cache, measured in
+    tests/models/test_compute.py) and the head's weight as its products take it, each counted by hand here."""
+    from transformers import AutoConfig
+
+    monkeypatch.setattr(memory_plan, "_memory", lambda device: (8 * 2**30, "memory"))
+    cpu, tokens = torch.device("cpu"), 500
+    config = AutoConfig.from_pretrained(model_dir)
+    fp32_cfg, fp32 = memory_plan.plan_memory(_cfg(model_dir, tmp_path, f"optim.micro_batch_tokens={tokens}"),
+                                             model_dir, cpu, torch.float32, 20)
+    _, bf16 = memory_plan.plan_memory(_cfg(model_dir, tmp_path, f"optim.micro_batch_tokens={tokens}",
+                                           f"model.compute_dtype={compute}"), model_dir, cpu, torch.float32, 20)
+    assert bf16.per_token == saved_bytes_per_token(config, torch.float32, compute=compute)
+    if compute == "bfloat16":  # the emulation keeps float32 copies of its rounded operands: larger, not smaller
+        assert bf16.per_token < fp32.per_token
+    chunk = fp32_cfg.optim.logprob_chunk_tokens * config.vocab_size * 4 * 3
+    assert fp32.parts["activations"] == tokens * fp32.per_token + chunk
+    copies = cast * parameter_counts(config).linear + cast * config.vocab_size * config.hidden_size
+    assert bf16.parts["activations"] == tokens * bf16.per_token + chunk + copies

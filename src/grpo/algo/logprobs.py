@@ -144,9 +144,28 @@ def entropy_from_logits(logits: Tensor, *, temperature: float = 1.0, chunk_size:
 
 
 # ------------------------------------------------------------------ from hidden states and the head's weight
-def _head_logits(h: Tensor, weight: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
-    """(c, H) @ (V, H)^T -> (c, V) tempered logits in `dtype`, a fresh tensor the caller may overwrite."""
-    z = torch.matmul(h, weight.t())
+def _operand(x: Tensor, products: tuple[torch.dtype | None, bool]) -> Tensor:
+    """x as the head's products take it: as it is (no product dtype), cast to the product dtype, or (emulated)
+    rounded to it and kept in its own dtype."""
+    dtype, emulated = products
+    if dtype is None or x.dtype == dtype:
+        return x
+    y = x.to(dtype)
+    return y.to(x.dtype) if emulated else y
+
+
+def _product(a: Tensor, b: Tensor, products: tuple[torch.dtype | None, bool]) -> Tensor:
+    """a @ b of operands already prepared by `_operand`, its result rounded to the product dtype when there is one
+    (a bf16 unit's output; emulated: a float32 product of rounded operands, then rounded)."""
+    out = torch.matmul(a, b)
+    return out if products[0] is None else out.to(products[0])
+
+
+def _head_logits(h: Tensor, weight_op: Tensor, temperature: float, dtype: torch.dtype,
+                 products: tuple[torch.dtype | None, bool] = (None, False)) -> Tensor:
+    """(c, H) @ (V, H)^T -> (c, V) tempered logits in `dtype`, a fresh tensor the caller may overwrite.
+    weight_op: the weight as `_operand` gives it for `products`."""
+    z = _product(_operand(h, products), weight_op.t(), products)
     z = z.to(dtype) if z.dtype != dtype else z
     return z.div_(temperature) if temperature != 1.0 else z
 
@@ -169,20 +188,21 @@ def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
 class _HiddenTokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_size: int,
-                with_entropy: bool, weight_grad_in_place: bool):
+                with_entropy: bool, weight_grad_in_place: bool, products: tuple[torch.dtype | None, bool]):
         dtype = _compute_dtype(hidden)
+        weight_op = _operand(weight, products)  # once, not per chunk
         rows = hidden.shape[0]
         logp = torch.empty(rows, dtype=dtype, device=hidden.device)
         row_max, row_sum = torch.empty_like(logp), torch.empty_like(logp)
         entropy = torch.empty(rows if with_entropy else 0, dtype=dtype, device=hidden.device)
         for a, b in _chunks(rows, chunk_size):
-            z = _head_logits(hidden[a:b], weight, temperature, dtype)
+            z = _head_logits(hidden[a:b], weight_op, temperature, dtype, products)
             logp[a:b], row_max[a:b], row_sum[a:b], ent = _chunk_stats(z, targets[a:b], with_entropy)
             del z
             if with_entropy:
                 entropy[a:b] = ent
         ctx.save_for_backward(hidden, weight, targets, row_max, row_sum)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.products = temperature, chunk_size, products
         # the weight itself (saved_tensors gives another Python object, whose .grad is not the parameter's)
         ctx.weight_param = weight if weight_grad_in_place and weight.is_leaf and weight.dtype == dtype else None
         ctx.mark_non_differentiable(entropy)
@@ -204,15 +224,18 @@ class _HiddenTokenLogprob(torch.autograd.Function):
         else:
             grad_w = (torch.zeros_like(weight) if exact else torch.zeros_like(weight, dtype=torch.float32)) \
                 if need_w else None
+        products = ctx.products
+        weight_op = _operand(weight, products)
         for a, b in _chunks(hidden.shape[0], ctx.chunk_size):
             h = hidden[a:b]
             g = grad_logp[a:b].to(dtype) / tau  # (c,)
-            u = _head_logits(h, weight, tau, dtype).sub_(row_max[a:b, None]).exp_()  # exp(z - m), in place
+            # exp(z - m), in place, z recomputed with the forward's products
+            u = _head_logits(h, weight_op, tau, dtype, products).sub_(row_max[a:b, None]).exp_()
             u.mul_((-g / row_sum[a:b])[:, None]).scatter_add_(-1, targets[a:b, None], g[:, None])  # (onehot - p) g/tau
             u = u.to(weight.dtype)
             if need_h:
-                grad_h[a:b] = torch.matmul(u, weight)
-            if need_w:
+                grad_h[a:b] = _product(_operand(u, products), weight_op, products)
+            if need_w:  # in the weight's dtype even under bf16 products: accumulated in place, no (V, H) temporary
                 if exact:
                     grad_w.addmm_(u.t(), h)
                 else:
@@ -222,12 +245,13 @@ class _HiddenTokenLogprob(torch.autograd.Function):
             grad_w = None  # already in param.grad
         elif need_w and not exact:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0,
-                          chunk_size: int = 256, with_entropy: bool = False,
-                          weight_grad_in_place: bool = False) -> tuple[Tensor, Tensor | None]:
+                          chunk_size: int = 256, with_entropy: bool = False, weight_grad_in_place: bool = False,
+                          product_dtype: torch.dtype | None = None,
+                          emulated: bool = False) -> tuple[Tensor, Tensor | None]:
     """log softmax(hidden @ weight^T / temperature) at targets, without the (N, T, V) logits; differentiable.
 
     hidden: (N, T, H) final hidden states (after the last norm), any float dtype; weight: (V, H) the output head's
@@ -236,11 +260,17 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     hidden and weight (recomputing each chunk's logits in the backward pass); the entropy of the tempered
     distribution is computed in the same pass when `with_entropy` and carries no gradient.
     Peak extra memory: a few (chunk_size, V) float32 blocks, forward and backward (plus a float32 (V, H)
-    gradient accumulator when the weight is narrower than float32).
+    gradient accumulator when the weight is narrower than float32, and the weight as product_dtype takes it: a
+    (V, H) bf16 copy, float32 when emulated).
     weight_grad_in_place: a leaf weight in the compute dtype gets its gradient added straight into `weight.grad`
     (created as zeros when None) and none is returned to autograd, which would hold a (V, H) tensor and then add it
     to .grad (a second one with a tied embedding: 1 GiB at 0.5B); the gradient is the same. Only for a plain
     backward() whose .grad nobody hooks: DDP's gradient hooks would not see it.
+    product_dtype: None, or the dtype the head's products take their operands in and round their results to
+    (bfloat16 under bf16 compute, models/compute.py): the logits (c, V) of forward and backward alike, and the
+    gradient to hidden; the log-softmax, its gradient and the weight's gradient (accumulated in place) stay in
+    float32. emulated: operands rounded to product_dtype and multiplied in float32 (bf16's roundings on a CPU
+    without native bf16). Autocast does not reach a custom backward, hence the explicit argument.
     """
     check_tensor("hidden", hidden, ndim=3)
     check_tensor("weight", weight, ndim=2)
@@ -259,5 +289,6 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     check_number("chunk_size", chunk_size, low=1, integer=True)
     flat = hidden.reshape(-1, hidden.shape[-1])
     logp, entropy = _HiddenTokenLogprob.apply(flat, weight, targets.reshape(-1).long(), float(temperature),
-                                              int(chunk_size), bool(with_entropy), bool(weight_grad_in_place))
+                                              int(chunk_size), bool(with_entropy), bool(weight_grad_in_place),
+                                              (product_dtype, bool(emulated)))
     return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None

@@ -76,7 +76,9 @@ class Workload:
         batch = PolicyBatch(prompt_ids=rollouts.prompt_ids, prompt_mask=rollouts.prompt_mask,
                             completion_ids=rollouts.completion_ids, mask=rollouts.completion_mask.float(), adv=adv,
                             group_size=G)
-        t3 = clock()  # the default config (mu = 1, beta = 0): no old-logprob and no reference pass, as the trainer
+        # the default config (mu = 1, beta = 0): no old-logprob and no reference pass, as the trainer; products in the
+        # weights' dtype (model.compute_dtype's "weights"), as the floor's: the two are compared at one precision
+        t3 = clock()
         forward: list[float] = []
         with timed_forward(clock, forward):
             policy_update(policy, opt, sched, batch, cfg)

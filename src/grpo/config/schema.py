@@ -26,6 +26,12 @@ class ModelConfig(_Section):
         "auto = bfloat16 on CUDA and on a CPU with native bf16 (AVX512-BF16 or AMX in /proc/cpuinfo), else "
         "model.dtype; bfloat16 on a CPU without native bf16 holds their linear layers in bf16 (half the bytes) and "
         "computes in float32")
+    compute_dtype: Literal["auto", "float32", "bfloat16", "bfloat16_emulated"] = Field(
+        "auto", description="what the training forwards and backwards compute in (generation: the weights' dtype); "
+        "bfloat16 = float32 master weights, bf16 products (torch.autocast), float32 log-softmax and loss; auto = "
+        "bfloat16 for model.dtype=auto's float32 weights on a CPU with native bf16 (AVX512-BF16 or AMX), else the "
+        "weights' dtype; bfloat16_emulated = bf16's roundings with float32 products (slower: to check how a run "
+        "learns with bf16 compute on a CPU without native bf16)")
     gradient_checkpointing: bool = False
     lora_rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = full fine-tuning")
     lora_alpha: float | None = Field(None, gt=0.0, description="LoRA alpha; None = 2 * lora_rank")

@@ -30,7 +30,8 @@ log = logging.getLogger("grpo.models")
 __all__ = ["ParamCounts", "parameter_counts", "saved_bytes_per_token"]
 
 PROBE_VOCAB = 256
-PROBE_TOKENS = 64  # a sequence long enough that per-token costs dominate; attention's saved state is linear in it
+PROBE_TOKENS = 61  # long enough that per-token costs dominate (attention's saved state is linear in it); a prime, so
+# no weight's shape has it and a saved (tokens, hidden) activation is never taken for a weight's cast copy
 
 
 @dataclass(frozen=True)
@@ -93,34 +94,42 @@ def _probe_config(config, layers: int):
     return probe
 
 
-def _saved_bytes(model, tokens: int) -> int:
-    """Bytes of the distinct non-parameter storages autograd saves in one training forward of 1 x tokens."""
+def _saved_bytes(model, tokens: int, compute: str = "weights") -> int:
+    """Bytes of the distinct non-parameter storages autograd saves in one training forward of 1 x tokens, computed
+    as `compute` says (models/compute.py). A cast copy of a parameter (bf16 compute keeps one per linear layer for
+    the backward) is not counted: it costs the same at any micro-batch (the memory plan adds it once)."""
+    from grpo.models.compute import compute_context
+
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # a weight's shape, either way round (a linear layer saves its cast weight transposed); PROBE_TOKENS is in none
+    shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if key not in params:
+        if key not in params and tuple(t.shape) not in shapes:
             seen[key] = max(seen.get(key, 0), storage.nbytes())
         return t
 
     model.train()
     ids = torch.randint(0, PROBE_VOCAB, (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_context(compute, torch.device("cpu")):
         body = model.get_base_model() if hasattr(model, "get_base_model") else model
         body.model(input_ids=ids, use_cache=False)  # the decoder stack; the head's cost is the caller's (chunked)
     return sum(seen.values())
 
 
-def saved_bytes_per_token(config, dtype: torch.dtype, lora=None, checkpointing: bool = False) -> int:
+def saved_bytes_per_token(config, dtype: torch.dtype, lora=None, checkpointing: bool = False,
+                          compute: str = "weights") -> int:
     """Bytes autograd keeps per token of a training forward through the whole decoder stack of `config` in `dtype`
-    (see the module docstring); with `checkpointing`, what gradient checkpointing keeps plus one layer's cost."""
+    (see the module docstring), computed as `compute` says (model.compute_dtype resolved, models/compute.py); with
+    `checkpointing`, what gradient checkpointing keeps plus one layer's cost."""
     per_model = []
     for layers in (1, 2):
         model = _with_lora(_build(_probe_config(config, layers), dtype, "cpu"), lora)
         try:
-            per_model.append(_saved_bytes(model, PROBE_TOKENS) / PROBE_TOKENS)
+            per_model.append(_saved_bytes(model, PROBE_TOKENS, compute) / PROBE_TOKENS)
         finally:
             del model
     layer = max(per_model[1] - per_model[0], 0.0)

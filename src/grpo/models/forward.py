@@ -252,6 +252,7 @@ def completion_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
     `lean_head_gradients` when it yielded True.
     """
     from grpo.algo import entropy_from_logits, hidden_token_logprobs, token_logprobs
+    from grpo.models.compute import head_products
 
     forward_fn = forward_fn or completion_logits
     head = plain_output_head(model)
@@ -264,11 +265,15 @@ def completion_token_logprobs(model, prompt_ids, prompt_mask, completion_ids, co
                 entropy = entropy_from_logits(logits.detach(), temperature=temperature)
         return logp, entropy
     box = {}
+    product_dtype, emulated = head_products()  # bf16 compute (models/compute.py): the head's products in bf16
 
     def head_fn(hidden):  # (N, T, H) final hidden states -> (N, T) log-probs; runs inside the head's call
+        if hidden.dtype != head.weight.dtype and product_dtype is not None:  # a bf16 stream under autocast
+            hidden = hidden.to(head.weight.dtype)
         logp, box["entropy"] = hidden_token_logprobs(hidden, head.weight, completion_ids, temperature=temperature,
                                                      chunk_size=chunk_size, with_entropy=with_entropy,
-                                                     weight_grad_in_place=head_grad_in_place)
+                                                     weight_grad_in_place=head_grad_in_place,
+                                                     product_dtype=product_dtype, emulated=emulated)
         return logp
 
     logp = forward_fn(model, prompt_ids, prompt_mask, completion_ids, completion_mask, group_size, head=head_fn)

@@ -114,7 +114,7 @@ class Bf16StoredLinear(torch.nn.Linear):
 
 def storable_linears(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Linear]]:
     """(parent, attribute, layer) of each nn.Linear of `model` but its output head (tied to the input embedding in
-    most small models; the chunked log-prob head multiplies it in float32)."""
+    most small models; the chunked log-prob head multiplies it in the compute dtype, algo/logprobs.py)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return _children(model, lambda m: isinstance(m, torch.nn.Linear) and m is not head
                      and not isinstance(m, Bf16StoredLinear))

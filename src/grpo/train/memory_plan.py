@@ -18,7 +18,9 @@ The plan (bytes; `MemoryPlan.parts`):
                  float32 logits (logprob_chunk_tokens x vocabulary x 4 bytes, three of them: logits, softmax, grad),
                  and, full fine-tuning under torchrun only, the head's and the embedding's dense float32 weight
                  gradients of one backward (2 x vocabulary x hidden x 4 bytes; one process adds them to .grad in
-                 place: models/forward.py lean_head_gradients)
+                 place: models/forward.py lean_head_gradients); under bf16 compute (model.compute_dtype), the
+                 bf16 copy of each float32 linear weight that autocast keeps for the backward (2 bytes a weight)
+                 and the head's weight as its products take it (vocabulary x hidden x 2 bytes; 4 emulated)
     generation   the sampler's KV cache for P*G rows of prompt + max_new_tokens positions and a decode step's float32
                  logits (N x vocabulary x 4 bytes, three of them), or evaluation's (eval.batch_size rows), the larger
     worker       rollout.mode=async: the worker process's copy of the weights, its reference and its runtime
@@ -177,6 +179,7 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     """plan_memory's (cfg, plan) for cfg as it is, unprinted."""
     from transformers import AutoConfig
 
+    from grpo.models.compute import resolve_compute
     from grpo.models.footprint import parameter_counts, saved_bytes_per_token
     from grpo.models.precision import frozen_dtype, stores_linears_bf16
 
@@ -186,6 +189,7 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     lora = cfg.model if cfg.model.lora_rank > 0 else None
     counts = parameter_counts(config, lora)
     frozen = frozen_dtype(cfg, device, dtype)  # LoRA's base and the reference copy (models/precision.py)
+    compute = resolve_compute(cfg, device, dtype)  # model.compute_dtype (models/compute.py)
     stored = stores_linears_bf16(cfg, device, dtype)  # their linear layers held in bf16, computed in float32
     if lora:
         dtype = frozen  # the base's dtype is what its activations are computed in
@@ -197,9 +201,15 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     reference = frozen_base if cfg.kl.coef > 0 and not lora else 0
     frozen_linears = counts.linear * (bool(lora) + bool(reference))  # held by LoRA's base and a reference copy
     bf16_base_saves = frozen_linears * (frozen_bytes - 2) if frozen_bytes > 2 and not stored else 0
-    per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing)
+    per_token = saved_bytes_per_token(config, dtype, lora, cfg.model.gradient_checkpointing, compute)
+    # bf16 compute keeps a cast copy of each float32 linear weight for the backward (autocast's cache; emulated:
+    # float32 copies of the rounded values); a bf16 base is used as it is
+    cast_bytes = 0 if compute == "weights" or dtype_bytes == 2 or stored else \
+        counts.linear * (2 if compute == "bfloat16" else 4)
     vocab, hidden = int(shape.get("vocab_size") or 0), int(shape.get("hidden_size") or 0)
     head = cfg.optim.logprob_chunk_tokens * vocab * 4 * 3
+    if compute != "weights":  # the head's weight as its bf16 products take it (algo/logprobs.py _operand)
+        head += vocab * hidden * (2 if compute == "bfloat16" else 4)
     if not lora and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # several processes: autograd's dense (V, H)
         head += 2 * vocab * hidden * 4  # gradients of the head and the embedding (one process: lean_head_gradients)
     P, G, T = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens
@@ -221,14 +231,15 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     tokens = cfg.optim.micro_batch_tokens
     if tokens is None:
         budget = max(ACTIVATION_SHARE * plan.floor, MIN_ACTIVATION_BYTES)
-        if available is not None and available > plan.peak + head:  # at most half of what the rest leaves
-            budget = min(budget, (available - plan.peak - head) / 2)
+        fixed = plan.peak + head + cast_bytes
+        if available is not None and available > fixed:  # at most half of what the rest leaves
+            budget = min(budget, (available - fixed) / 2)
         tokens = int(min(max(budget // max(per_token, 1), 1), MAX_MICRO_BATCH_TOKENS))
         plan.notes.append(f"optim.micro_batch_tokens={tokens} (from the memory plan; set it to change)")
     # a micro-batch holds whole groups or a part of one (train/update.py group_chunks): at most `tokens`, at
     # least the prompt and one row
     plan.micro_batch_tokens = tokens
-    plan.parts["activations"] = max(tokens, prompt_tokens + T) * per_token + head
+    plan.parts["activations"] = max(tokens, prompt_tokens + T) * per_token + head + cast_bytes
     if cfg.optim.micro_batch_tokens is None:
         cfg = cfg.model_copy(deep=True)
         cfg.optim.micro_batch_tokens = tokens  # saved in config.yaml: a resume micro-batches the same way

@@ -39,6 +39,7 @@ from grpo.algo import (
     masked_var,
     masked_whiten,
 )
+from grpo.models.compute import compute_context
 from grpo.models.value import ValueModel
 from grpo.parallel import SINGLE, all_reduce_grads
 from grpo.train.optim import build_optimizer, guarded_step
@@ -80,8 +81,9 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | 
 class Critic:
     """The value model, its optimizer and schedule, and the GAE advantages it provides to PPO."""
 
-    def __init__(self, policy, cfg, total_updates: int, dist=None):
+    def __init__(self, policy, cfg, total_updates: int, dist=None, compute: str = "weights"):
         self.cfg = cfg
+        self.compute = compute  # model.compute_dtype, resolved (models/compute.py), as the policy's forwards
         self.dist = dist or SINGLE  # several processes: each rank holds the whole critic; gradients are summed
         self.model = build_value_model(policy, cfg)
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optim, total_updates,
@@ -95,10 +97,14 @@ class Critic:
         return torch.cat(parts) * batch.mask
 
     def _values(self, batch, rows_p: slice, rows_n: slice, group_size: int) -> torch.Tensor:
-        return self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                            batch.completion_ids[rows_n],
-                                            (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
-                                            group_size)  # episodes: environment tokens attended
+        """(n, T) float32 values (a bf16 forward's too: the value loss is float32)."""
+        with compute_context(self.compute, batch.mask.device):
+            v = self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+                                             batch.completion_ids[rows_n],
+                                             (batch.mask if batch.attention_mask is None
+                                              else batch.attention_mask)[rows_n],
+                                             group_size)  # episodes: environment tokens attended
+        return v.float()
 
     def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) whitened GAE advantages for `batch` and metrics; remembers V_old and the returns for update()."""

@@ -170,7 +170,8 @@ def _logp_gap(trainer, rollouts) -> float | None:
                         adv=torch.zeros(rollouts.num_completions, device=mask.device), group_size=rollouts.group_size,
                         attention_mask=rollouts.completion_mask if episodes else None)
     with torch.no_grad(), generation(trainer.policy, trainer.dist):
-        logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature)
+        logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
+                              compute=trainer.compute)  # as the update's first epoch computes it
     diff = (logp - rollouts.logp.to(logp.device)).abs() * mask
     return float(diff.sum() / mask.sum())
 

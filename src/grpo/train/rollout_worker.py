@@ -165,11 +165,13 @@ class RankWithoutGroup(Dist):
 def sequence_logprobs(model, rollouts, cfg) -> torch.Tensor:
     """(N, T) log-probs of the sampled tokens under `model`'s full tempered distribution, by the trainer's forward
     (the policy's with top_p < 1, the reference's with kl.coef > 0)."""
+    from grpo.models.compute import resolve_compute
+    from grpo.models.loading import check_device_and_dtype
     from grpo.train.update import PolicyBatch, batch_logprobs
 
     batch = PolicyBatch.from_rollouts(rollouts, cfg, next(model.parameters()).device)
     return batch_logprobs(model, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
-                          cfg.optim.logprob_chunk_tokens)
+                          cfg.optim.logprob_chunk_tokens, resolve_compute(cfg, *check_device_and_dtype(cfg)))
 
 
 def _send(writer, item) -> None:

@@ -23,6 +23,7 @@ from grpo.config import Config
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_prompt_chars, check_rows
+from grpo.models.compute import resolve_compute
 from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
@@ -76,6 +77,11 @@ class Trainer:
         self.cfg, default_notes = report_defaults(cfg, console)  # a model directory's own defaults (train/defaults.py)
         cfg = self.cfg
         device, dtype = check_device_and_dtype(cfg)  # model.device=cuda without a GPU, float16 on the CPU
+        self.compute = resolve_compute(cfg, device, dtype)  # model.compute_dtype: the update's forwards, backwards
+        if self.compute == "bfloat16" and cfg.model.compute_dtype == "auto":
+            print_note("model.compute_dtype=auto: this CPU multiplies bf16 natively, so the training forwards and "
+                       "backwards run bf16 products (float32 weights, log-softmax and loss); model.compute_dtype="
+                       "float32 turns it off", console)
         check_step_fits(cfg, device, dtype, console.print if console is not None else None)  # positions, memory
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
@@ -140,7 +146,7 @@ class Trainer:
         if cfg.algo.advantage == "gae":
             from grpo.train.ppo import Critic
 
-            self.critic = Critic(self.policy, cfg, total_updates, self.dist)
+            self.critic = Critic(self.policy, cfg, total_updates, self.dist, self.compute)
         self.rollouts = rollout_source(self, path)  # rollout.mode: sync (here, between updates) or async (a worker)
         self.step_count = 0
         self.setup_s = time.perf_counter() - t_setup  # counted in the run's wall time (train/loop.py)
@@ -161,7 +167,8 @@ class Trainer:
         t1 = time.perf_counter()
         batch.adv, metrics = self._advantages(batch, scores.total)     # algo/registry.py; PPO: GAE with the critic
         metrics |= policy_update(self.train_model, self.optimizer, self.scheduler, batch, self.cfg, self.dist,
-                                 kl_in_loss=self.critic is None)       # PPO: the KL is in the reward, not the loss
+                                 kl_in_loss=self.critic is None,       # PPO: the KL is in the reward, not the loss
+                                 compute=self.compute)                 # model.compute_dtype (models/compute.py)
         if self.critic is not None:
             metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1
@@ -188,12 +195,12 @@ class Trainer:
         if self.step_count > scored.policy_version:
             batch.old_logp = behaviour_logprobs(scored, batch.mask)
         elif cfg.algo.epochs > 1 or self.critic is not None:
-            batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk)
+            batch.old_logp = batch_logprobs(self.policy, batch, budget, temp, chunk, self.compute)
         if scored.ref_logp is not None:  # async: computed by the worker while the previous update ran
             batch.ref_logp = masked_to(scored.ref_logp, batch.mask)
         elif self.ref is not None:
             with self.ref.active() as ref_model:
-                batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk)
+                batch.ref_logp = batch_logprobs(ref_model, batch, budget, temp, chunk, self.compute)
         elif cfg.kl.coef > 0:  # async: the worker holds pi_ref; a batch without its log-probs would drop the KL term
             raise RuntimeError(f"kl.coef={cfg.kl.coef:g} but the batch of step {self.step_count + 1} came without "
                                "pi_ref's log-probs and this trainer holds no reference")

@@ -16,6 +16,7 @@ import torch
 from grpo.algo import aggregate, high_entropy_mask, kl_estimate, masked_mean
 from grpo.algo.registry import policy_loss as policy_loss_fn
 from grpo.algo.tis import truncated_is_weight
+from grpo.models.compute import compute_context
 from grpo.models.forward import (DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs,
                                  lean_head_gradients)
 from grpo.train.memory_plan import release_freed_memory
@@ -116,10 +117,12 @@ def _logits_fn(model):
 
 @torch.no_grad()
 def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: float,
-                   chunk_size: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref)."""
-    parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size, group_size=g)[0]
-             for p, n, g in batch.group_chunks(token_budget)]
+                   chunk_size: int = DEFAULT_CHUNK_TOKENS, compute: str = "weights") -> torch.Tensor:
+    """(N, T) log-probabilities under `model` without gradients (pi_old when mu > 1, or pi_ref), computed as
+    `compute` says (model.compute_dtype resolved: models/compute.py), as the update's forwards are."""
+    with compute_context(compute, batch.mask.device):
+        parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size, group_size=g)[0]
+                 for p, n, g in batch.group_chunks(token_budget)]
     return torch.cat(parts) * batch.mask
 
 
@@ -195,7 +198,7 @@ FIRST_EPOCH = ("rollout/logp_diff",)  # metrics of the policy that sampled: the 
 
 
 def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=None, *,
-                  kl_in_loss: bool = True) -> dict[str, float]:
+                  kl_in_loss: bool = True, compute: str = "weights") -> dict[str, float]:
     """mu = algo.epochs passes over `batch`, each one guarded optimizer step (train/optim.py `guarded_step`) on the
     gradient of the micro-batches' losses (`micro_batch_loss`); returns averaged metrics (floats).
 
@@ -203,7 +206,8 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     for PPO, whose KL is in the reward. dist (grpo.parallel.Dist, data-parallel): `batch` is this rank's share; the
     counts are the job's, each rank's loss is scaled by world_size against DDP's gradient averaging, so the gradient
     is the 1-process one, and every rank runs the same number of backward passes (a non-finite loss is skipped
-    jointly, after the backward).
+    jointly, after the backward). compute: model.compute_dtype resolved (models/compute.py); each micro-batch's
+    forward runs in it, its backward follows what the forward recorded, the loss and the step stay float32.
     """
     from grpo.parallel import SINGLE, backward_sync
 
@@ -221,7 +225,8 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
         chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
                                          shared_prefix=_logits_fn(model) is completion_logits))
         for i, (rows_p, rows_n, group_size) in enumerate(chunks):
-            with lean_head_gradients(model, enabled=not dist.enabled) as in_place:  # one process: no (V, H) temps
+            with (compute_context(compute, batch.mask.device),
+                  lean_head_gradients(model, enabled=not dist.enabled) as in_place):  # one process: no (V, H) temps
                 mb = micro_batch_loss(model, batch, rows_p, rows_n, cfg, num_tokens=num_tokens, num_seqs=num_seqs,
                                       kl_in_loss=kl_in_loss, first_epoch=epoch == 0, group_size=group_size,
                                       head_grad_in_place=in_place)
