@@ -24,6 +24,7 @@ def _bench(name: str, tmp_path) -> dict:
     assert res["complete"]
     for r in res["runs"]:
         assert r["steps"] == 1 and len(r["reward_per_step"]) == 1
+        assert len(r["step_generate_s"]) == len(r["step_update_s"]) == 1 and r["step_update_s"][0] > 0
         for split in ("val", "test"):
             assert r[f"gain_{split}"] == pytest.approx(r["after"][split]["accuracy"]
                                                        - res["before"][split]["accuracy"])
@@ -54,5 +55,6 @@ def test_float32_and_bf16_compute_run_and_the_file_says_which_bf16_ran(tmp_path)
     assert [r["resolved"]["compute"] for r in res["runs"]] == ["weights", bf16]
     fp32, half = res["runs"]
     s = res["summary"]
+    assert s["bfloat16"]["update_s_median"]["values"] == half["step_update_s"]  # the phases reported apart
     assert s["difference_bf16_minus_float32"]["gain_test"]["values"] == [pytest.approx(
         half["gain_test"] - fp32["gain_test"])]

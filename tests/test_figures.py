@@ -41,6 +41,8 @@ SOURCES = {
     "bench/results/engines_model.json": ("src/grpo/bench/engines.py", "bench/results/engines_model.json"),
     "bench/results/optimizer_learning.json": ("src/grpo/bench/optimizer_learning.py",
                                               "bench/results/optimizer_learning.json"),
+    "bench/results/precision_learning.json": ("src/grpo/bench/precision_learning.py",
+                                              "bench/results/precision_learning.json"),
     "bench/results/compare.json": ("src/grpo/compare/run.py", "compare.json"),
     "bench/results/versus_trl_builtin.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
     "bench/results/versus_trl_smollm2.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
@@ -95,6 +97,7 @@ BF16 = "bench/results/bf16_matmul.json"
 MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
+PRECISION_LEARNING = "bench/results/precision_learning.json"
 
 
 def _entry(d, name: str) -> dict:
@@ -681,6 +684,25 @@ FIGURES = [
                                   "({summary.adamw_8bit.first_step_cpu_s.values[0]:.0f} CPU s",
       slower=lambda d: d["summary"]["adamw_8bit"]["step_cpu_s_median"]["mean"]
       / d["summary"]["adamw"]["step_cpu_s_median"]["mean"] - 1),
+    # docs/memory.md: bf16 compute, learning (grpo.bench.precision_learning)
+    F(MEMORY_DOC, PRECISION_LEARNING, "| float32 | {summary.float32.gain_test.mean:+.3f} ± "
+                                      "{summary.float32.gain_test.std:.3f} | {summary.float32.gain_val.mean:+.3f} ± "
+                                      "{summary.float32.gain_val.std:.3f} | {summary.float32.step_cpu_s_median.mean:.1f} "
+                                      "| {summary.float32.peak_rss_mb.mean:,.0f} MB |"),
+    F(MEMORY_DOC, PRECISION_LEARNING, "| bf16 (emulated) | {summary.bfloat16.gain_test.mean:+.3f} ± "
+                                      "{summary.bfloat16.gain_test.std:.3f} | {summary.bfloat16.gain_val.mean:+.3f} ± "
+                                      "{summary.bfloat16.gain_val.std:.3f} | "
+                                      "{summary.bfloat16.step_cpu_s_median.mean:.1f} | "
+                                      "{summary.bfloat16.peak_rss_mb.mean:,.0f} MB |"),
+    F(MEMORY_DOC, PRECISION_LEARNING, "From {before.test.accuracy:.3f} test and {before.val.accuracy:.3f} validation "
+                                      "accuracy before training"),
+    F(MEMORY_DOC, PRECISION_LEARNING, "test {summary.difference_bf16_minus_float32.gain_test.mean:+.3f} ± "
+                                      "{summary.difference_bf16_minus_float32.gain_test.std:.3f} ({t0:+.3f}, {t1:+.3f}, "
+                                      "{t2:+.3f}), validation {summary.difference_bf16_minus_float32.gain_val.mean:+.3f}"
+                                      " ± {summary.difference_bf16_minus_float32.gain_val.std:.3f} ({v0:+.3f}, "
+                                      "{v1:+.3f}, {v2:+.3f})",
+      **{f"{k}{i}": (lambda d, k=k, i=i: d["summary"]["difference_bf16_minus_float32"]
+                     [{"t": "gain_test", "v": "gain_val"}[k]]["values"][i]) for k in "tv" for i in range(3)}),
     # docs/memory.md: bf16 products on this CPU (scripts/bf16_matmul.py)
     F(MEMORY_DOC, BF16, "bfloat16 products ran at {shapes[0].bf16_over_fp32:.3f}x, {shapes[1].bf16_over_fp32:.3f}x and "
                         "{shapes[2].bf16_over_fp32:.3f}x float32's speed"),

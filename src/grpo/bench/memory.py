@@ -43,6 +43,9 @@ ENTRIES = {
     # AdamW's moments in 8 bits (torchao's AdamW8bit; needs grpo[torchao])
     "qwen2.5-0.5b-full-adamw8bit-P4": ("qwen2.5-0.5b", ["optim.name=adamw_8bit", "rollout.prompts_per_step=4",
                                                         "rollout.group_size=8"]),
+    # gradient checkpointing at the plan's activation budget: what it buys is larger micro-batches, at what time
+    "qwen2.5-0.5b-full-ckpt-P4": ("qwen2.5-0.5b", ["model.gradient_checkpointing=true", "rollout.prompts_per_step=4",
+                                                   "rollout.group_size=8"]),
     "qwen2.5-1.5b-lora16-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "rollout.prompts_per_step=4",
                                                 "rollout.group_size=8"]),
     # the base's linear layers held in bf16 (computed in float32 on a CPU without native bf16; in bf16 with it)
@@ -217,7 +220,8 @@ def _batch(overrides: list[str]) -> str:
 def _method(overrides: list[str]) -> str:
     method = "LoRA r=16" if "model.lora_rank=16" in overrides else "full"
     return (method + (", bf16 base" if "model.frozen_dtype=bfloat16" in overrides else "")
-            + (", 8-bit AdamW" if "optim.name=adamw_8bit" in overrides else ""))
+            + (", 8-bit AdamW" if "optim.name=adamw_8bit" in overrides else "")
+            + (", checkpointing" if "model.gradient_checkpointing=true" in overrides else ""))
 
 
 def table_rows(result: dict, source: str) -> str:

@@ -94,12 +94,16 @@ def train(spec: dict, job: dict) -> dict:
     data, out = job["data"], Path(job["model_out"])
     overrides = [*ours_overrides(spec, data, spec["lr"], job["seed"], spec["steps"]), *job["overrides"]]
     trainer = Trainer(load_config(None, overrides), run_dir=out.parent / f"run-{out.name}")
-    rewards, step_cpu, cpu0, wall0 = [], [], time.process_time(), time.perf_counter()
+    rewards, step_cpu, phases, cpu0, wall0 = [], [], {"generate_s": [], "update_s": []}, time.process_time(), \
+        time.perf_counter()
     try:
         for _ in range(spec["steps"]):
             t = time.process_time()
-            rewards.append(trainer.step().metrics["reward/mean"])
+            metrics = trainer.step().metrics
             step_cpu.append(time.process_time() - t)
+            rewards.append(metrics["reward/mean"])
+            for key in phases:  # wall seconds of generation and of the policy update, apart
+                phases[key].append(metrics[f"perf/{key}"])
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         optimizer_bytes = state_bytes(trainer.optimizer)
         resolved = {"compute": trainer.compute, "optim.name": trainer.cfg.optim.name}  # what the run took
@@ -110,7 +114,7 @@ def train(spec: dict, job: dict) -> dict:
     after = {s: score(out, data, s, spec["max_new_tokens"]) for s in ("val", "test")}
     return {"steps": spec["steps"], "train_cpu_s": cpu, "train_wall_s": wall, "step_cpu_s": step_cpu,
             "reward_per_step": rewards, "optimizer_state_bytes": optimizer_bytes, "peak_rss_mb": peak_rss_mb(),
-            "resolved": resolved,
+            "resolved": resolved, "step_generate_s": phases["generate_s"], "step_update_s": phases["update_s"],
             "after": after}
 
 
@@ -135,6 +139,9 @@ def summarize(runs: list[dict], compare: Comparison) -> dict:
                          "mean_reward": ms([statistics.fmean(r["reward_per_step"]) for r in rs]),
                          "step_cpu_s_median": ms([later_step_s(r) for r in rs]),
                          "first_step_cpu_s": ms([r["step_cpu_s"][0] for r in rs]),
+                         # wall seconds of the two phases apart (bf16 compute changes the update, not generation)
+                         **{f"{k}_median": ms([statistics.median(r[f"step_{k}"][1:] or r[f"step_{k}"]) for r in rs])
+                            for k in ("generate_s", "update_s") if all(f"step_{k}" in r for r in rs)},
                          "optimizer_state_bytes": rs[0]["optimizer_state_bytes"],
                          "peak_rss_mb": ms([r["peak_rss_mb"] for r in rs])}
     if len(out) == 2:  # per seed, the candidate minus the baseline (the pairs ran side by side)

@@ -81,9 +81,11 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | 
 class Critic:
     """The value model, its optimizer and schedule, and the GAE advantages it provides to PPO."""
 
+    compute = "weights"  # model.compute_dtype resolved (models/compute.py): the trainer passes its own
+
     def __init__(self, policy, cfg, total_updates: int, dist=None, compute: str = "weights"):
         self.cfg = cfg
-        self.compute = compute  # model.compute_dtype, resolved (models/compute.py), as the policy's forwards
+        self.compute = compute  # as the policy's forwards
         self.dist = dist or SINGLE  # several processes: each rank holds the whole critic; gradients are summed
         self.model = build_value_model(policy, cfg)
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), cfg.optim, total_updates,
