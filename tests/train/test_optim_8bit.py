@@ -95,7 +95,7 @@ def test_the_moments_are_held_in_8_bits_as_the_memory_plan_counts_them():
     assert held == optimizer_bytes("adamw_8bit", net.weight.numel(), 4)  # codes + a float32 scale per 256 values
     assert optimizer_bytes("adamw", net.weight.numel(), 4) == 8 * net.weight.numel()
     assert type(opt.state[net.bias]["exp_avg"]) is torch.Tensor  # 64 values: float32, as the plan's rounding allows
-    from grpo.bench.optimizer_learning import state_bytes  # what the learning benchmark reports
+    from grpo.bench.paired_learning import state_bytes  # what the learning benchmark reports
 
     assert state_bytes(opt) == held + 2 * 64 * 4 + 2 * 4  # + the bias's float32 moments + two float32 step counts
 

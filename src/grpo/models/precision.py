@@ -39,7 +39,7 @@ def frozen_dtype(cfg, device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype weights that never train (LoRA's base, the reference copy) are computed in: model.frozen_dtype;
     auto is bfloat16 where its matrix products are native (CUDA, a CPU with cpu_native_bf16), else the policy's
     `dtype`. bfloat16 on a CPU without native bf16 (and a float32 policy) computes in float32 from linear layers
-    held in bfloat16 (stores_linears_bf16): there torch emulates bf16 products, 14-70x slower than float32
+    held in bfloat16 (stores_linears_bf16): there torch emulates bf16 products, 16-77x slower than float32
     (bench/results/bf16_matmul.json)."""
     name = cfg.model.frozen_dtype
     if name == "auto":
