@@ -663,6 +663,17 @@ FIGURES = [
       ap=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["planned_mb"] * 2**20 / 1e9,
       bs=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-adamw8bit-P4")["step_s"]),
       as_=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4")["step_s"])),
+    # docs/memory.md: gradient checkpointing at the plan's budget (grpo bench --memory)
+    F(MEMORY_DOC, MEMORY, "whole step into one micro-batch ({ct:,} tokens against {pt}) for the 0.5B shape at P=4 G=8 "
+                          "T=32: it peaked at {c:.2f} GB against {p:.2f} GB, at {cs:.0f} against {ps:.0f} s a step",
+      ct=lambda d: _entry(d, "qwen2.5-0.5b-full-ckpt-P4")["micro_batch_tokens"],
+      pt=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["micro_batch_tokens"],
+      c=lambda d: _entry(d, "qwen2.5-0.5b-full-ckpt-P4")["peak_mb"] * 2**20 / 1e9,
+      p=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["peak_mb"] * 2**20 / 1e9,
+      cs=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-ckpt-P4")["step_s"]),
+      ps=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4")["step_s"])),
+    F(MEMORY_DOC, MEMORY, "and the checkpointed run's ({r:.2f}; below)",
+      r=lambda d: _entry(d, "qwen2.5-0.5b-full-ckpt-P4")["planned_over_peak"]),
     # docs/memory.md: 8-bit AdamW moments, learning (grpo.bench.optimizer_learning)
     F(MEMORY_DOC, OPTIM_LEARNING, "| `adamw` | {summary.adamw.gain_test.mean:+.3f} ± {summary.adamw.gain_test.std:.3f} "
                                   "| {a_state:.0f} MiB | {summary.adamw.step_cpu_s_median.mean:.1f} | "
