@@ -83,9 +83,12 @@ def worker_main(spec: WorkerSpec, weights, writer, stop, ready, start_step: int,
 def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: int, ref=None) -> None:
     """Produce batches start_step, start_step + 1, ... up to train.steps - 1, until should_stop() (see the module's
     docstring). ref: the reference policy (kl.coef > 0) whose log-probs go with each batch, else None."""
+    from grpo.models.compute import resolve_compute
+    from grpo.models.loading import check_device_and_dtype
     from grpo.train.rollout_source import ScoredBatch
 
     K, version = cfg.rollout.max_staleness, None
+    compute = resolve_compute(cfg, *check_device_and_dtype(cfg))  # the trainer's forwards' precision, once
     for step in range(start_step, cfg.train.steps):
         if not weights.wait_for(step - K, should_stop):
             return
@@ -94,10 +97,10 @@ def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: 
         rollouts, scores, gen_s, reward_s = producer.produce(step, per_step_generators=True)
         behaviour = ref_logp = None
         if cfg.rollout.top_p < 1.0:  # the sampler's log-probs are of the truncated distribution: the full one
-            behaviour = sequence_logprobs(policy, rollouts, cfg)
+            behaviour = sequence_logprobs(policy, rollouts, cfg, compute)
         if ref is not None:
             with ref.active() as ref_model:
-                ref_logp = sequence_logprobs(ref_model, rollouts, cfg)
+                ref_logp = sequence_logprobs(ref_model, rollouts, cfg, compute)
         if should_stop():
             return
         _send(writer, ScoredBatch(rollouts, scores, gen_s, reward_s, policy_version=version,
@@ -162,16 +165,14 @@ class RankWithoutGroup(Dist):
 
 
 @torch.no_grad()
-def sequence_logprobs(model, rollouts, cfg) -> torch.Tensor:
+def sequence_logprobs(model, rollouts, cfg, compute: str = "weights") -> torch.Tensor:
     """(N, T) log-probs of the sampled tokens under `model`'s full tempered distribution, by the trainer's forward
-    (the policy's with top_p < 1, the reference's with kl.coef > 0)."""
-    from grpo.models.compute import resolve_compute
-    from grpo.models.loading import check_device_and_dtype
+    (the policy's with top_p < 1, the reference's with kl.coef > 0), computed as `compute` (models/compute.py)."""
     from grpo.train.update import PolicyBatch, batch_logprobs
 
     batch = PolicyBatch.from_rollouts(rollouts, cfg, next(model.parameters()).device)
     return batch_logprobs(model, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
-                          cfg.optim.logprob_chunk_tokens, resolve_compute(cfg, *check_device_and_dtype(cfg)))
+                          cfg.optim.logprob_chunk_tokens, compute)
 
 
 def _send(writer, item) -> None:
