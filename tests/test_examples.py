@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.precision import FLOAT32
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "grpo_minimal.py"
 P, G, T = 3, 4, 8
@@ -59,7 +60,8 @@ def _one_step(model_dir, tmp_path, *extra, perturb: bool = False):
     cfg = load_config(None, [f"model.name={model_dir}", f"train.output_dir={tmp_path}", "train.steps=1",
                              f"rollout.prompts_per_step={P}", f"rollout.group_size={G}",
                              f"rollout.max_new_tokens={T}", "optim.lr=0.01", "optim.warmup_steps=0",
-                             "optim.schedule=constant", "data.train_size=20", "eval.n=4", *extra])
+                             "optim.schedule=constant", "data.train_size=20", "eval.n=4",
+                             *FLOAT32, *extra])  # the example computes in float32 (helpers/precision.py)
     torch.manual_seed(0)
     trainer = Trainer(cfg, reward_functions=[("r", _reward, 1.0)])
     ref_model = copy.deepcopy(trainer.policy).requires_grad_(False)  # what the library's reference holds

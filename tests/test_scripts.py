@@ -104,6 +104,21 @@ def test_the_test_script_skips_chromium_when_asked(fake_bin, tmp_path):
     assert any("3/5 chromium: skipped (GRPO_SKIP_BROWSER=1)" in line for line in printed)
 
 
+@pytest.mark.parametrize("switch", [None, "native", "none"])
+def test_the_test_scripts_first_phase_names_the_cpu_path(switch, fake_bin, tmp_path):
+    """The first phase line says which CPU path the suite takes: the bf16 flags of /proc/cpuinfo, or the
+    GRPO_CPU_BF16 switch (docs/guide.md) and the flags it overrides."""
+    env = {"GRPO_SKIP_BROWSER": "1", "GRPO_SKIP_VLLM": "1"} | ({"GRPO_CPU_BF16": switch} if switch else {})
+    printed, _ = run_script("test.sh", fake_bin, tmp_path, **env)
+    first = next(line for line in printed if "] 1/5 " in line)
+    flags = [f for f in ("avx512_bf16", "amx_bf16") if f in Path("/proc/cpuinfo").read_text().split()]
+    seen = " ".join(flags) or "none"
+    want = {None: f"native bf16 ({seen})" if flags else "no native bf16 (no avx512_bf16 or amx_bf16)",
+            "native": f"as if native bf16 (GRPO_CPU_BF16=native; this CPU's bf16 flags: {seen})",
+            "none": f"as if no native bf16 (GRPO_CPU_BF16=none; this CPU's bf16 flags: {seen})"}[switch]
+    assert first.endswith(f"CPU path: {want}"), first
+
+
 def test_ci_runs_the_test_script_the_readme_names():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()

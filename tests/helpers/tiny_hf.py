@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from helpers.precision import FLOAT32
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -93,7 +95,8 @@ def small_run(model_dir: Path, data: Path, run_dir: Path, *extra: str) -> list[s
             "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
             "data.test_fraction=0.2", "log.progress=false", "log.plots=false", "optim.lr=0.01",
             "optim.warmup_steps=0", "reward.timeout_s=5",
-            "train.preflight=warn", *extra]  # random tiny models: the preflight would stop them (correctly)
+            "train.preflight=warn",  # random tiny models: the preflight would stop them (correctly)
+            *FLOAT32, *extra]  # the same computation on every CPU (helpers/precision.py)
 
 
 def varied_reward(prompts, completions, **columns):

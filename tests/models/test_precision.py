@@ -11,7 +11,9 @@ from helpers.tiny_hf import REWARDS, small_run
 
 from grpo.config import load_config
 from grpo.models import precision
-from grpo.models.precision import Bf16StoredLinear, cpu_native_bf16, frozen_dtype, stores_linears_bf16
+from grpo.errors import ConfigError
+from grpo.models.precision import (CPU_BF16_ENV, Bf16StoredLinear, cpu_bf16_flags, cpu_native_bf16, frozen_dtype,
+                                   stores_linears_bf16)
 from grpo.train.trainer import Trainer
 
 MILAN = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma avx512f vaes\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n"
@@ -19,12 +21,29 @@ GENOA = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
 SAPPHIRE = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
 
 
-def test_native_bf16_is_read_from_the_cpu_flags():
-    assert not cpu_native_bf16(MILAN)
+def test_native_bf16_is_read_from_the_cpu_flags(monkeypatch):
+    assert not cpu_native_bf16(MILAN) and cpu_bf16_flags(MILAN) == []
     assert cpu_native_bf16(GENOA) and cpu_native_bf16(SAPPHIRE)
+    assert cpu_bf16_flags(GENOA) == ["avx512_bf16"] and cpu_bf16_flags(SAPPHIRE) == ["amx_bf16"]
     assert not cpu_native_bf16("model name\t: avx512_bf16 in a name, not a flag\n")
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)  # the suite's switch, when it is on, answers instead
     this_machine = open("/proc/cpuinfo").read()
     assert cpu_native_bf16() == ("avx512_bf16" in this_machine.split() or "amx_bf16" in this_machine.split())
+
+
+@pytest.mark.parametrize("value, native", [("native", True), ("none", False), (" Native ", True)])
+def test_the_switch_answers_instead_of_the_flags(value, native, monkeypatch):
+    """GRPO_CPU_BF16 (the suite's switch, docs/guide.md) decides as if the CPU had or lacked native bf16, whatever
+    /proc/cpuinfo says; a text given to the function is still read as flags."""
+    monkeypatch.setenv(CPU_BF16_ENV, value)
+    assert cpu_native_bf16() is native
+    assert cpu_native_bf16(GENOA) and not cpu_native_bf16(MILAN)
+
+
+def test_a_switch_of_another_value_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError, match="GRPO_CPU_BF16='yes'.*native.*none"):
+        cpu_native_bf16()
 
 
 @pytest.mark.parametrize("setting, device, native, want, stored", [

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from helpers.precision import BF16_UNIT, FLOAT32, bf16_compute
 from helpers.tiny_hf import REWARDS, save_tiny_model, write_chat_jsonl
 
 from grpo.config import load_config
@@ -27,7 +28,7 @@ def overrides(model: Path, data: Path, run: Path, *extra: str) -> list[str]:
     return [f"model.name={model}", f"data.path={data}", f"train.output_dir={run}", "train.steps=2",
             "train.eval_every=0", "eval.n=3", "rollout.prompts_per_step=4", "rollout.group_size=2",
             "rollout.max_new_tokens=8", "rollout.seed_per_prompt=true", "data.test_fraction=0.2",
-            "log.plots=false", "log.progress=false", "optim.lr=0.01", "optim.warmup_steps=0", *extra]
+            "log.plots=false", "log.progress=false", "optim.lr=0.01", "optim.warmup_steps=0", *FLOAT32, *extra]
 
 
 def torchrun(*runs: list[str], cwd: Path, preset: str | None = None, code: int = 0) -> str:
@@ -84,6 +85,38 @@ def test_ddp_on_two_processes_equals_one_process(one_process, tmp_path):
         assert b["policy/grad_norm"] == pytest.approx(a["policy/grad_norm"], rel=1e-4)
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
     assert json.loads((two / "summary.json").read_text())["steps"] == 2
+
+
+def test_under_bf16_compute_ddp_and_fsdp_on_two_processes_equal_one_process(one_process, tmp_path):
+    """The same equality with the training forwards and backwards in bf16 (bfloat16 where the CPU multiplies bf16
+    natively, bfloat16_emulated elsewhere), over one step: two processes split the batch into other shapes than one,
+    so their bf16 roundings differ, by BF16_UNIT-sized relative amounts (helpers/precision.py). The job's gradient
+    norm and loss must agree within 4 BF16_UNIT; AdamW's first step moves each weight by about +-lr (the sign of its
+    gradient), so the final weights agree where the gradient's sign does: all but the few whose gradient is within
+    bf16's rounding of 0. A rank whose gradient was not averaged, or another rank's batch, fails both."""
+    model, data, _ = one_process
+    bf16 = (f"model.compute_dtype={bf16_compute()}", "train.steps=1")
+    runs = {name: tmp_path / name for name in ("one", "ddp", "fsdp")}
+    torch.manual_seed(0)
+    trainer = Trainer(load_config(None, overrides(model, data, runs["one"], *bf16)), reward_functions=REWARDS)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    torchrun(overrides(model, data, runs["ddp"], *bf16, "parallel.strategy=ddp"),
+             overrides(model, data, runs["fsdp"], *bf16, "parallel.strategy=fsdp"), cwd=tmp_path)
+    x, init = load_file(str(runs["one"] / "final" / "model.safetensors")), load_file(str(model / "model.safetensors"))
+    a = metrics(runs["one"])[1]
+    for name in ("ddp", "fsdp"):
+        b = metrics(runs[name])[1]
+        assert b["policy/grad_norm"] == pytest.approx(a["policy/grad_norm"], rel=4 * BF16_UNIT), name
+        assert b["loss/policy"] == pytest.approx(a["loss/policy"], rel=4 * BF16_UNIT, abs=1e-4), name
+        assert b["reward/mean"] == a["reward/mean"], name  # the same completions
+        y = load_file(str(runs[name] / "final" / "model.safetensors"))
+        moved = torch.cat([(x[k] - init[k]).flatten() for k in x])
+        apart = torch.cat([(x[k] - y[k]).flatten() for k in x])
+        assert float(moved.abs().max()) > 1e-3
+        assert float((apart.abs() > 1e-5).float().mean()) < 0.02, name  # sign flips of near-0 gradients only
 
 
 def test_fsdp_checkpoint_resumes_on_the_same_world_size(one_process, tmp_path):

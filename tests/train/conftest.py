@@ -66,3 +66,12 @@ def make_trainer(tiny_model_dir, tmp_path):
     yield make
     for t in made:
         t.close()
+
+
+@pytest.fixture(params=["float32", "bf16"])
+def precision(request):
+    """Both precisions (wiring_helpers.Precision), for the wiring tests that matter: loss, advantages, micro-batches,
+    presets. bf16 is bfloat16 where the CPU multiplies bf16 natively, bfloat16_emulated elsewhere."""
+    from wiring_helpers import wiring_precision
+
+    return wiring_precision(request.param)

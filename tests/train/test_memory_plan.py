@@ -174,7 +174,7 @@ def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
     monkeypatch.setattr(memory_plan, "process_rss", lambda: 100 * 2**20)  # the plans differ by ~0.2 MB here
     cpu = torch.device("cpu")
-    lora = ("model.lora_rank=4", "optim.micro_batch_tokens=64")
+    lora = ("model.lora_rank=4", "optim.micro_batch_tokens=64", "model.frozen_dtype=auto")  # the choice under test
     _, fp32 = memory_plan._plan(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
     _, held = memory_plan._plan(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=bfloat16"), model_dir, cpu,
                                 torch.float32, 20)

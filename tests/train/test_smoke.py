@@ -4,6 +4,7 @@ then the run directory's contract of DESIGN.md, and `grpo eval` on the saved mod
 import json
 
 import pytest
+from helpers.precision import FLOAT32
 
 from grpo.cli import main
 
@@ -12,7 +13,8 @@ METRIC_KEYS = ["step", "reward/mean", "reward/std", "reward/correct", "reward/fo
                "policy/entropy", "policy/kl", "perf/step_s", "perf/gen_tokens_per_s", "perf/peak_rss_mb"]
 
 TINY = ["warmup.steps=0", "train.preflight=warn", "train.steps=2", "train.eval_every=2", "eval.n=20", "rollout.prompts_per_step=2",
-        "rollout.group_size=3", "rollout.max_new_tokens=8", "data.train_size=100", "log.print_group_every=1"]
+        "rollout.group_size=3", "rollout.max_new_tokens=8", "data.train_size=100", "log.print_group_every=1",
+        *FLOAT32]  # the same computation on every CPU (helpers/precision.py)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ PRESETS = {
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_preset_update_is_its_papers(preset, tiny_model_dir, tmp_path):
+def test_preset_update_is_its_papers(preset, tiny_model_dir, tmp_path, precision):
     from train_helpers import base_overrides
 
     made = []
@@ -47,7 +47,8 @@ def test_preset_update_is_its_papers(preset, tiny_model_dir, tmp_path):
 
     try:
         extra = ["algo.epochs=2"] if preset == "dapo" else []
-        trainer, spy, calls, initial = fixed_step(make, Setting(), *extra, before=away_from_reference)
+        trainer, spy, calls, initial = fixed_step(make, Setting(), *extra, before=away_from_reference,
+                                                  precision=precision)
     finally:
         for t in made:
             t.close()
@@ -56,9 +57,9 @@ def test_preset_update_is_its_papers(preset, tiny_model_dir, tmp_path):
     if s.epochs == 1:
         assert len(spy.grads) == 1
         assert_matches(spy.grads[0], reference_grad(initial, rows, s, G=4, **ref),
-                       reference_grad(initial, rows, Setting(), G=4))
+                       reference_grad(initial, rows, Setting(), G=4), precision)
     else:
         assert len(spy.grads) == 2
         theta1 = load_params(initial, spy.params[1])
         assert_matches(spy.grads[1], reference_grad(theta1, rows, s, G=4, old_model=initial),
-                       reference_grad(theta1, rows, Setting(epochs=2), G=4, old_model=initial))
+                       reference_grad(theta1, rows, Setting(epochs=2), G=4, old_model=initial), precision)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpo
+from helpers.precision import FLOAT32
 
 SRC = str(Path(grpo.__file__).resolve().parents[1])
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -32,7 +33,8 @@ def base_overrides(model_dir: Path, run_dir: Path) -> list[str]:
             "eval.n=4", "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
             "data.train_size=50", "log.progress=false", "log.plots=false", "log.sample_groups=1",
             "optim.lr=0.01", "optim.warmup_steps=3", "reward.timeout_s=2",
-            "train.preflight=off"]  # so the k-th reward call is step k (test_preflight.py checks the preflight)
+            "train.preflight=off",  # so the k-th reward call is step k (test_preflight.py checks the preflight)
+            *FLOAT32]  # the same computation on every CPU (tests of `auto` replace the probe: helpers/precision.py)
 
 
 def varied_reward(prompts, completions, **columns):

@@ -22,6 +22,8 @@ from dataclasses import dataclass, fields, replace
 import pytest
 import torch
 
+from helpers.precision import BF16_UNIT, bf16_compute
+
 from grpo.types import Rollouts
 
 
@@ -33,6 +35,40 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# -------------------------------------------------------------------------------------------------- the precision
+
+@dataclass(frozen=True)
+class Precision:
+    """What a wiring test's trainer computes in, and how close to the float32 reference its gradient must come.
+
+    float32: the trainer and the reference compute the same function in float32 (only summation order differs).
+    bf16: the trainer's forwards and backwards run bf16 products (model.compute_dtype=bfloat16 where the CPU has
+    native bf16, bfloat16_emulated elsewhere: helpers/precision.py), the reference stays float32, so the gradient may
+    differ by bf16's rounding carried through the model: BF16_GRAD_TOL. The default setting's gradient must stay
+    twice that far from the reference, so a setting the trainer ignored still fails the test."""
+
+    name: str
+    compute: str  # model.compute_dtype
+    tol: float  # the largest relative gradient difference ||got - want|| / ||want|| accepted
+    apart: float  # the least relative distance between the setting's gradient and the default's
+
+    def overrides(self) -> list[str]:
+        return [f"model.compute_dtype={self.compute}"]
+
+
+# the relative gradient error of bf16 compute on these models, measured at 0.3-1.8 BF16_UNIT over the wiring tests
+# (a product rounds each operand and its result to 8 significant bits; a gradient carries several such roundings)
+BF16_GRAD_TOL = 4 * BF16_UNIT
+FLOAT32_WIRING = Precision("float32", "float32", tol=1e-4, apart=5e-2)
+
+
+def wiring_precision(name: str) -> Precision:
+    """"float32" or "bf16" (the `precision` fixture of conftest.py gives the wiring tests that matter both)."""
+    if name == "float32":
+        return FLOAT32_WIRING
+    return Precision("bf16", bf16_compute(), tol=BF16_GRAD_TOL, apart=2 * BF16_GRAD_TOL)
 
 
 # -------------------------------------------------------------------------------------------------- the batch
@@ -153,9 +189,10 @@ def rel(a: dict, b: dict) -> float:
     return float((fa - fb).norm() / fb.norm())
 
 
-def assert_matches(got: dict, want: dict, default: dict, *, tol: float = 1e-4, apart: float = 5e-2) -> None:
-    """The trainer's gradient equals the reference for the setting, and the reference for the default setting is
-    far from both (so the test would fail if the setting were ignored)."""
+def assert_matches(got: dict, want: dict, default: dict, precision: Precision = FLOAT32_WIRING) -> None:
+    """The trainer's gradient equals the reference for the setting, within `precision`'s tolerance, and the
+    reference for the default setting is far from both (so the test would fail if the setting were ignored)."""
+    tol, apart = precision.tol, precision.apart
     err, gap = rel(got, want), rel(default, want)
     assert gap > apart, f"the setting does not change the reference gradient enough to be tested ({gap:.2e})"
     assert err < tol, f"trainer gradient differs from the reference by {err:.2e} (the default's is {gap:.2e} away)"
@@ -344,12 +381,13 @@ def reference_grad(model, rows: list[Row], s: Setting, *, G: int, **kwargs) -> d
             for k, p in model.named_parameters()}
 
 
-def fixed_step(make_trainer, s: Setting, *extra: str, batches=None, before=None):
-    """A trainer with setting `s` (plus `extra` overrides) whose sampler returns `batches` (default: GROUPS once),
-    run for one step with the optimizer spied on (spy.metrics: the step's metrics). `before(trainer)` runs first
-    (e.g. to move the policy away from the reference). Returns (trainer, spy, rollouts of each generate call, the
-    policy as it was before the step)."""
-    trainer = make_trainer(*wiring_overrides(*s.overrides(), *extra), reward_functions=TABLE)
+def fixed_step(make_trainer, s: Setting, *extra: str, batches=None, before=None,
+               precision: Precision = FLOAT32_WIRING):
+    """A trainer with setting `s` (plus `extra` overrides) computing in `precision`, whose sampler returns `batches`
+    (default: GROUPS once), run for one step with the optimizer spied on (spy.metrics: the step's metrics).
+    `before(trainer)` runs first (e.g. to move the policy away from the reference). Returns (trainer, spy, rollouts of
+    each generate call, the policy as it was before the step)."""
+    trainer = make_trainer(*wiring_overrides(*s.overrides(), *precision.overrides(), *extra), reward_functions=TABLE)
     if before is not None:
         before(trainer)
     sampler = FixedSampler(trainer.tokenizer, batches or [GROUPS])

@@ -1,7 +1,8 @@
 """Which dtype weights are held in, decided from this machine at run time: bfloat16 only where its matrix products
 are native (CUDA, or a CPU whose /proc/cpuinfo flags include AVX512-BF16 or AMX-BF16), never by assumption.
 
-    cpu_native_bf16()                        True on a CPU with native bf16 matrix products
+    cpu_native_bf16()                        True on a CPU with native bf16 matrix products (GRPO_CPU_BF16 may
+                                             say native or none instead: the suite's switch)
     frozen_dtype(cfg, device, dtype)         the dtype weights that never train (LoRA's base, the reference copy)
                                              are computed in
     stores_linears_bf16(cfg, device, dtype)  True when those weights' linear layers are held in bf16 and computed
@@ -14,25 +15,47 @@ are native (CUDA, or a CPU whose /proc/cpuinfo flags include AVX512-BF16 or AMX-
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 import torch
 
-__all__ = ["Bf16StoredLinear", "cpu_native_bf16", "float32_linears", "frozen_dtype", "storable_linears",
-           "store_linears_bf16", "stores_linears_bf16", "to_dtype_lean"]
+from grpo.errors import ConfigError
+
+__all__ = ["BF16_FLAGS", "Bf16StoredLinear", "CPU_BF16_ENV", "cpu_bf16_flags", "cpu_native_bf16", "float32_linears",
+           "frozen_dtype", "storable_linears", "store_linears_bf16", "stores_linears_bf16", "to_dtype_lean"]
 
 
-def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True when this CPU multiplies bfloat16 natively: AVX512-BF16 or AMX-BF16 among /proc/cpuinfo's flags (read
-    at run time, never assumed; elsewhere torch emulates bf16 matrix products, far slower than float32).
-    `cpuinfo`: that file's text (tests)."""
+CPU_BF16_ENV = "GRPO_CPU_BF16"  # native | none: decide as if the CPU had (or lacked) native bf16 (tests, docs/guide.md)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
+    """The flags of native bf16 matrix products (AVX512-BF16, AMX-BF16) among /proc/cpuinfo's (`cpuinfo`: that
+    file's text; tests), in BF16_FLAGS' order; [] when the file cannot be read."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return False
+            return []
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return [f for f in BF16_FLAGS if f in flags]
+
+
+def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
+    """True when this CPU multiplies bfloat16 natively: AVX512-BF16 or AMX-BF16 among /proc/cpuinfo's flags (read
+    at run time, never assumed; elsewhere torch emulates bf16 matrix products, far slower than float32). Every
+    `auto` choice that depends on the CPU asks this one function. The environment variable GRPO_CPU_BF16=native
+    (or none) answers instead of the flags: the test suite run as if the CPU had (or lacked) native bf16.
+    `cpuinfo`: that file's text (tests); the variable is not read then."""
+    if cpuinfo is None:
+        forced = os.environ.get(CPU_BF16_ENV, "").strip().lower()
+        if forced:
+            if forced not in ("native", "none"):
+                raise ConfigError(f"{CPU_BF16_ENV}={os.environ[CPU_BF16_ENV]!r}: it takes native (decide as if the "
+                                  "CPU had native bf16) or none (as if it had not); unset it to read /proc/cpuinfo")
+            return forced == "native"
+    return bool(cpu_bf16_flags(cpuinfo))
 
 
 def frozen_dtype(cfg, device: torch.device, dtype: torch.dtype) -> torch.dtype:
