@@ -292,20 +292,21 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="performance figures and their ratios to the naive floor")
     b.add_argument("--json", action="store_true")
     b.add_argument("--quick", action="store_true", help="tiny shapes, one repeat (a smoke run)")
-    b.add_argument("--output", default=None, help="where to write the JSON (default bench/results/latest.json; "
-                   "with --versus-trl bench/results/versus_trl.json)")
+    b.add_argument("--output", default=None, help="where to write the JSON (default bench-results/latest.json in "
+                   "$GRPO_CACHE or ~/.cache/grpo, or versus_trl.json, learning_vs_trl.json, async_rollouts.json, "
+                   "memory.json there; "
+                   "the committed bench/results/*.json the docs quote are rewritten only when --output names one)")
     b.add_argument("--versus-trl", action="store_true", help="seconds per step against TRL's GRPOTrainer on the same "
                    "model and batch (needs trl; grpo/bench/versus_trl.py)")
     b.add_argument("--learn", action="store_true", help="with --versus-trl: held-out accuracy gained per CPU-minute "
-                   "instead of seconds per step (grpo/bench/learning_vs_trl.py; bench/results/learning_vs_trl.json)")
+                   "instead of seconds per step (grpo/bench/learning_vs_trl.py)")
     b.add_argument("--async-rollouts", action="store_true", help="rollout.mode=async (max_staleness 1) against sync: "
                    "steps per minute and test accuracy gain per minute, whole grpo train runs per seed "
-                   "(grpo/bench/async_rollouts.py; default output bench/results/async_rollouts.json)")
+                   "(grpo/bench/async_rollouts.py)")
     b.add_argument("--model", default=None, help="with --versus-trl or --async-rollouts: a model directory (default: "
                    "the built-in model)")
     b.add_argument("--memory", action="store_true", help="peak memory of whole grpo train runs (the process tree) "
-                   "against the floor and the run's plan, for 135M, 0.5B and 1.5B shapes (grpo/bench/memory.py; "
-                   "default output bench/results/memory.json)")
+                   "against the floor and the run's plan, for 135M, 0.5B and 1.5B shapes (grpo/bench/memory.py)")
     b.add_argument("--memory-model", action="append", default=None, metavar="NAME=DIR", help="with --memory: the "
                    "model directory of a shape (smollm2, qwen2.5-0.5b, qwen2.5-1.5b); repeat for each")
     b.add_argument("--entries", default=None, help="with --memory: comma-separated runs to measure (default all)")

@@ -7,6 +7,8 @@
     engines.py   the engine axis (native sampler, vLLM, transformers generate)
     versus_trl.py       seconds per step against TRL's GRPOTrainer on one model (`grpo bench --versus-trl`)
     learning_vs_trl.py  held-out accuracy gained per CPU-minute against TRL (`grpo bench --versus-trl --learn`)
+    results.py   where every benchmark writes: $GRPO_CACHE/bench-results/ unless --output names a file (the
+                 committed bench/results/*.json the docs quote are rewritten only that way)
 """
 
 from grpo.bench.report import fit_exponent

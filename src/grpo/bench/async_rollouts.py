@@ -11,8 +11,9 @@ problems, 20 steps, sync and async only (MODEL_EXTRA). No evaluation during
 training (train.eval_every=0, eval.val_n=0): the test accuracy before and after is the learning figure. Reported per
 run and as mean +- std over seeds: steps per minute (steady: steps 2..N from perf/step_s; and whole: the RL wall time,
 the worker's start-up included), test accuracy gain per minute of RL wall time and per 1,000 completions, the
-staleness and the trainer's wait for its batch; and async/sync ratios of the means. Results: bench/results/
-async_rollouts.json (written after every run, so an interrupted benchmark keeps what it measured).
+staleness and the trainer's wait for its batch; and async/sync ratios of the means. Results: --output, else
+<GRPO_CACHE>/bench-results/async_rollouts.json (written after every run, so an interrupted benchmark keeps what it
+measured); the committed file the docs quote is rewritten only with `--output bench/results/async_rollouts.json`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from grpo.bench import children
 from grpo.errors import UserError
 
 MODES = ("sync", "sync_1thread", "async")  # sync_1thread: OMP_NUM_THREADS=1, the thread count of each async side
-DEFAULT_OUTPUT = "bench/results/async_rollouts.json"
+COMMITTED = "bench/results/async_rollouts.json"  # what the docs quote: written only with --output naming it
+MODEL_COMMITTED = "bench/results/async_rollouts_smollm2.json"  # --model DIR of SmolLM2-135M-Instruct
 # --model DIR (a real model, e.g. SmolLM2-135M-Instruct): the shape of `grpo bench --versus-trl --learn` (P=4, G=8,
 # T=32, no warm-up; 200 test problems), 20 steps, and the two modes the comparison needs (a step is ~50x the
 # built-in model's, so sync_1thread is left out)
@@ -169,7 +171,7 @@ def spec_from_args(args) -> dict:
     """The benchmark's spec from `grpo bench --async-rollouts` arguments: the defaults, --steps, --repeats, and the
     KEY=VALUE overrides after the default ones (so they win), checked before any run: a key the benchmark sets per
     run, or an override the config refuses, is a ConfigError; overrides need their own --output (the default file
-    holds the default runs, which the docs quote)."""
+    holds the default runs)."""
     from grpo.config import ConfigError, load_config
 
     model = getattr(args, "model", None)
@@ -214,8 +216,11 @@ def _check_model(model: str) -> None:
 
 def main(args) -> int:
     spec = spec_from_args(args)
-    out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
+    from grpo.bench.results import results_path, wrote
+
+    out = results_path("async_rollouts.json", getattr(args, "output", None))
     result = run(spec, out, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(table(result))
-    print(f"wrote {out}")
+    real = not str(getattr(args, "model", None) or "builtin:").startswith("builtin:")  # a model directory
+    print(wrote(out, MODEL_COMMITTED, "--model <SmolLM2-135M-Instruct dir>") if real else wrote(out, COMMITTED))
     return 0

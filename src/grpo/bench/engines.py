@@ -1,10 +1,14 @@
 """`grpo bench`, engine axis: the rollout engines side by side on the same model, prompts and token counts.
 
-    python -m grpo.bench.engines [--quick] [--gpu] [--output PATH]   this part alone (bench/results/engines.json)
+    python -m grpo.bench.engines [--quick] [--gpu] [--output PATH]   this part alone (committed results:
+                                                                     --output bench/results/engines.json)
     python -m grpo.bench.engines --model DIR [--output PATH]          a real model, generation only, at the
-                                                                     training defaults (P=16, G=8, T=32; results:
-                                                                     bench/results/engines_model.json)
+                                                                     training defaults (P=16, G=8, T=32; committed
+                                                                     results: --output bench/results/engines_model.json)
     grpo bench                                                       appends it to the main bench's JSON ("engines")
+
+Without --output the results go to <GRPO_CACHE>/bench-results/ (engines.json, engines_model.json; grpo.bench.results):
+the committed files, which the docs quote, are rewritten only when --output names them.
 
 Engines (rollout.engine), each generating G completions for each of P arithmetic prompts, exactly T new tokens
 (EOS masked until T: min_new_tokens), temperature 1, top_p 1:
@@ -44,8 +48,8 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_OUTPUT = Path("bench/results/engines.json")
-MODEL_OUTPUT = Path("bench/results/engines_model.json")
+COMMITTED = "bench/results/engines.json"  # what the docs quote: written only with --output naming it (results.py)
+MODEL_COMMITTED = "bench/results/engines_model.json"
 ENGINES = ("native", "vllm", "hf")
 
 
@@ -342,17 +346,21 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="the Qwen2.5-0.5B-shaped plan (bench/engines_gpu.sh)")
     ap.add_argument("--model", default=None, help="a real model directory: generation only, at the training defaults")
-    ap.add_argument("--output", default=None)
+    ap.add_argument("--output", default=None, help="the results file (default <GRPO_CACHE>/bench-results/engines.json "
+                    "or engines_model.json; the committed one: bench/results/engines.json)")
     args = ap.parse_args(argv)
     plan = model_plan(args.model) if args.model else gpu_plan() if args.gpu else cpu_plan(args.quick)
     err = (lambda msg: print(msg, file=sys.stderr, flush=True))
     err(HEADER)
     result = run_engines(plan, log=err)
-    out = Path(args.output or (MODEL_OUTPUT if args.model else DEFAULT_OUTPUT))
+    from grpo.bench.results import results_path, wrote
+
+    committed = MODEL_COMMITTED if args.model else COMMITTED
+    out = results_path(Path(committed).name, args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(summary(result))
-    print(f"wrote {out}")
+    print(wrote(out, committed))
     return 0
 
 

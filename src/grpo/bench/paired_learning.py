@@ -7,6 +7,9 @@
         (bfloat16 where this CPU multiplies bf16 natively; elsewhere bfloat16_emulated, bf16's roundings computed
         with float32 products: the learning is bf16's, the seconds are not, and the file says which ran)
 
+Without --output the results go to <GRPO_CACHE>/bench-results/ under the same name: the committed files above, which
+the docs quote, are rewritten only with --output naming them.
+
 The task, splits and evaluator are `grpo bench --versus-trl --learn`'s (learning_vs_trl.py): the arithmetic task as
 user messages through the model's chat template, disjoint train / validation / test problems, the final model saved
 and scored greedily by one evaluator. The same settings too (P=4, G=8, T=32, temperature 1, beta 0, mu 1, constant
@@ -41,21 +44,21 @@ class Comparison:
     name: str  # the results' key for a run's arm ("optimizer", "compute")
     arms: dict  # arm name -> overrides; the first is the baseline
     difference: str  # the summary's key for the per-seed difference, candidate minus baseline
-    output: Path
+    committed: str  # the results file the docs quote (bench/results/...): written only with --output naming it
 
 
 def comparison(name: str) -> Comparison:
     """The comparison of `python -m grpo.bench.<name>_learning` ("optimizer" or "precision")."""
     if name == "optimizer":
         return Comparison("optimizer", {"adamw": ["optim.name=adamw"], "adamw_8bit": ["optim.name=adamw_8bit"]},
-                          "difference_8bit_minus_float32", Path("bench/results/optimizer_learning.json"))
+                          "difference_8bit_minus_float32", "bench/results/optimizer_learning.json")
     if name == "precision":
         from grpo.models.precision import cpu_native_bf16
 
         bf16 = "bfloat16" if cpu_native_bf16() else "bfloat16_emulated"
         return Comparison("compute", {"float32": ["model.compute_dtype=float32"],
                                       "bfloat16": [f"model.compute_dtype={bf16}"]},
-                          "difference_bf16_minus_float32", Path("bench/results/precision_learning.json"))
+                          "difference_bf16_minus_float32", "bench/results/precision_learning.json")
     raise ValueError(f"unknown comparison {name!r}")
 
 
@@ -221,7 +224,8 @@ def main(argv=None, compare_name: str | None = None) -> int:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-5, help="default: the rate learning_vs_trl chose on validation")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--output", type=Path, help="default: bench/results/<the comparison's file>.json")
+    p.add_argument("--output", type=Path, help="default: <GRPO_CACHE>/bench-results/<the comparison's file>.json; "
+                   "the committed one: bench/results/<the comparison's file>.json")
     a = p.parse_args(argv)
     if a.worker:
         w = json.loads(a.worker.read_text())
@@ -231,12 +235,14 @@ def main(argv=None, compare_name: str | None = None) -> int:
         p.error("run python -m grpo.bench.optimizer_learning or grpo.bench.precision_learning")
     if not a.model:
         p.error("--model DIR is required")
+    from grpo.bench.results import results_path, wrote
+
     compare = comparison(compare_name)
-    output = a.output or compare.output
+    output = results_path(Path(compare.committed).name, a.output)
     result = run(default_spec(a.model, a.steps, a.lr, a.seeds, compare), output, compare,
                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(json.dumps(result["summary"], indent=1))
-    print(f"wrote {output}")
+    print(wrote(output, compare.committed, "--model <SmolLM2-135M-Instruct dir>"))
     return 0
 
 

@@ -1,6 +1,9 @@
 """Where the time of one GRPO step goes: torch's profiler around one `Trainer.step()` on a model directory.
 
-    python -m grpo.bench.profile_step --model DIR [--output bench/results/profile_step.json]
+    python -m grpo.bench.profile_step --model DIR [--output PATH]
+
+Results: --output, else <GRPO_CACHE>/bench-results/profile_step.json; the committed file the docs quote is rewritten
+only with `--model <SmolLM2-135M-Instruct dir> --output bench/results/profile_step_smollm2.json`.
 
 The batch is versus_trl's (P prompts of the arithmetic task as chat user messages, G completions, T new tokens,
 temperature 1, the exact_answer reward, one optimizer step). One untimed step first (allocations, kernel choice),
@@ -65,21 +68,25 @@ def profile(spec: dict, work: Path, top: int = 25) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m grpo.bench.profile_step")
     p.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
-    p.add_argument("--output", default="bench/results/profile_step.json")
+    p.add_argument("--output", default=None, help="the results file (default <GRPO_CACHE>/bench-results/"
+                   "profile_step.json; the committed one: bench/results/profile_step_smollm2.json)")
     a = p.parse_args(argv)
+    from grpo.bench.results import results_path, wrote
     from grpo.tracking.rundir import check_output_file, write_text_atomic
 
-    check_output_file(a.output, "--output")
+    if a.output is not None:  # before the profiling: a wrong path must not cost it
+        check_output_file(a.output, "--output")
+    out = results_path("profile_step.json", a.output)
     spec = default_spec(a.model, quick=False)
     with tempfile.TemporaryDirectory(prefix="grpo-profile-") as tmp:
         result = profile(spec, Path(tmp))
-    write_text_atomic(Path(a.output), json.dumps(result, indent=1) + "\n")
+    write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     s = result["stages"]
     print(f"step (unprofiled) {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, reward {s['perf/reward_s']:.2f}, "
           f"log-probs + update {s['perf/update_s']:.2f}")
     for op in result["ops"][:15]:
         print(f"{op['share']:6.1%}  {op['self_cpu_s']:7.2f} s  {op['calls']:6d}  {op['op']}")
-    print(f"wrote {a.output}")
+    print(wrote(out, "bench/results/profile_step_smollm2.json", "--model <SmolLM2-135M-Instruct dir>"))
     return 0
 
 

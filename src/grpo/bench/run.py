@@ -1,6 +1,7 @@
 """`grpo bench`: seconds per GRPO step, split by stage, against two references measured in the same run.
 
-    grpo bench [--json] [--quick] [--output PATH]        (default output: bench/results/latest.json)
+    grpo bench [--json] [--quick] [--output PATH]        (default output: <GRPO_CACHE>/bench-results/latest.json;
+                                                          the committed one: --output bench/results/latest.json)
 
 For each model (the built-in architecture, then one about 4x larger), shape (the default task's, then a long
 prompt) and group size G, on the same prompts and the same token counts, interleaved, medians over repeats:
@@ -35,7 +36,6 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -45,7 +45,7 @@ from grpo.bench.workload import Workload, long_prompts, measure, timed_forward  
 from grpo.tracking.memory import peak_rss_mb, reset_peak_rss  # noqa: F401 (re-exported: scripts/vocab_train_memory.py)
 from grpo.tokens import prompt_token_ids
 
-DEFAULT_OUTPUT = Path("bench/results/latest.json")
+COMMITTED = "bench/results/latest.json"  # what the docs quote: written only with --output naming it (results.py)
 MAX_POSITIONS = 512  # positions the bench models support (the long shape needs 320); no parameter depends on it
 
 
@@ -260,15 +260,15 @@ def main(args) -> int:
     from grpo.bench import engines as bench_engines  # the engine axis: native, vllm (when installed), transformers generate
 
     result["engines"] = bench_engines.run_engines(bench_engines.cpu_plan(plan.quick), log=err)
-    out = Path(getattr(args, "output", None) or DEFAULT_OUTPUT)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from grpo.bench.results import results_path, wrote
     from grpo.tracking.rundir import write_text_atomic
 
+    out = results_path("latest.json", getattr(args, "output", None))  # a given --output was checked at the start
     write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     print(summary(result))
     print(bench_vocab.summary(vocab))
     print(bench_engines.summary(result["engines"]))
-    print(f"wrote {out}")
+    print(wrote(out, COMMITTED))
     if getattr(args, "json", False):
         print(json.dumps(result))
     return 0

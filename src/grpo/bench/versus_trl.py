@@ -3,6 +3,10 @@
     grpo bench --versus-trl [--model DIR] [--quick] [--output PATH]     (default model: the built-in one)
     python -m grpo.bench.versus_trl --model DIR --steps 3 --repeats 2
 
+Results: --output, else <GRPO_CACHE>/bench-results/versus_trl.json. The committed files the docs quote are rewritten
+only with --output naming them: bench/results/versus_trl_builtin.json (the built-in model) and
+bench/results/versus_trl_smollm2.json (--model DIR of SmolLM2-135M-Instruct).
+
 The same work on both sides: the model directory, P prompts (the arithmetic task's training problems, as one user
 message each through the model's chat template when it has one), G completions per prompt, at most T new tokens,
 temperature 1, top_p 1, learning rate, the `exact_answer` reward, beta = 0, one optimizer step per generation
@@ -33,6 +37,8 @@ from pathlib import Path
 from grpo.tracking.memory import peak_rss_mb
 
 METHODS = ("ours", "trl")
+COMMITTED = "bench/results/versus_trl_builtin.json"  # the built-in model's, which the docs quote (grpo.bench.results)
+MODEL_COMMITTED = "bench/results/versus_trl_smollm2.json"  # SmolLM2-135M-Instruct's
 
 
 def default_spec(model: str | None, quick: bool) -> dict:
@@ -220,13 +226,16 @@ def main(args) -> int:
         if getattr(args, key, None):
             spec[key] = getattr(args, key)
     result = run(spec, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    out = Path(getattr(args, "output", None) or "bench/results/versus_trl.json")
+    from grpo.bench.results import results_path, wrote
+
+    out = results_path("versus_trl.json", getattr(args, "output", None))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(tmp, out)
     print(table(result))
-    print(f"wrote {out}")
+    real = not str(getattr(args, "model", None) or "builtin:").startswith("builtin:")  # a model directory
+    print(wrote(out, MODEL_COMMITTED, "--model <SmolLM2-135M-Instruct dir>") if real else wrote(out, COMMITTED))
     return 0
 
 
