@@ -2,17 +2,21 @@
 command, each a fresh process with an empty model cache (a new user's first launch), then the JSON and the
 README's table rows.
 
-    python bench/readme_figures.py                       # seeds 0 1 2 + the own-data run (~3 min each here)
+    python bench/readme_figures.py --output bench/results/readme_figures.json   # seeds 0 1 2 + the own-data run
+                                                                                # (~3 min each here)
     python bench/readme_figures.py --seeds 0 --no-own-data
     python bench/readme_figures.py --steps 2 --eval-n 20 --output /tmp/x.json   # a smoke run
     python bench/readme_figures.py --preset tools --seeds 0 --no-own-data --output bench/results/tools_figures.json
 
-Writes bench/results/readme_figures.json: the machine (CPU model as lscpu names it, cores, load average before
-and after: the machine may be shared), and per run the held-out accuracy before/after, summary.json's wall time
-and its parts, the process's wall time (Python start-up, imports and plots included) and, for a task with tools,
-the share of training episodes that called one at the first and the last step (metrics.jsonl's
-`env/tool_use_frac`). `--preset` runs `grpo train PRESET` (code, tools, ...) instead of the default. Runs are niced
-(--nice, default 5) so that a shared machine stays usable; the timings are of that machine as it was.
+Writes --output, else <GRPO_CACHE>/bench-results/readme_figures.json (<preset>_figures.json with --preset;
+grpo.bench.results): the committed bench/results/readme_figures.json and tools_figures.json, which the README and
+docs quote, are rewritten only with --output naming them. The file holds the machine (CPU model as lscpu names it,
+cores, load average before and after: the machine may be shared), and per run the held-out accuracy before/after,
+summary.json's wall time and its parts, the process's wall time (Python start-up, imports and plots included) and,
+for a task with tools, the share of training episodes that called one at the first and the last step
+(metrics.jsonl's `env/tool_use_frac`). `--preset` runs `grpo train PRESET` (code, tools, ...) instead of the
+default. Runs are niced (--nice, default 5) so that a shared machine stays usable; the timings are of that machine
+as it was.
 """
 
 from __future__ import annotations
@@ -96,8 +100,15 @@ def main() -> None:
     parser.add_argument("--eval-n", type=int, help="eval.n (default: the preset's)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=V", help="more overrides for every run")
     parser.add_argument("--nice", type=int, default=5)
-    parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "readme_figures.json"))
+    parser.add_argument("--output", default=None, help="the results file (default <GRPO_CACHE>/bench-results/"
+                        "readme_figures.json or <preset>_figures.json; the committed one: "
+                        "bench/results/readme_figures.json)")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "src"))
+    from grpo.bench.results import results_path, wrote
+
+    file_name = f"{args.preset}_figures.json" if args.preset else "readme_figures.json"
+    out = results_path(file_name, args.output)
     extra = ([f"train.steps={args.steps}"] if args.steps else []) + ([f"eval.n={args.eval_n}"] if args.eval_n else [])
     extra += args.set
     import torch
@@ -115,10 +126,11 @@ def main() -> None:
             result["runs"].append(run_train(name, overrides, Path(tmp), args.nice))
             print(table_rows(result["runs"][-1:])[0], flush=True)
             machine["load_after"] = list(os.getloadavg())
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(json.dumps(result, indent=2) + "\n")  # after each run: nothing is lost
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")  # after each run: nothing is lost
     print(f"machine: {machine['cpu']}, {machine['cores']} cores, load average {machine['load_before'][0]:.1f} before "
-          f"and {machine['load_after'][0]:.1f} after; wrote {args.output}")
+          f"and {machine['load_after'][0]:.1f} after")
+    print(wrote(out, f"bench/results/{file_name}"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Measure what docs/rewards.md lists as still out of scope: third-party parsers of policy text that are not linear.
 
-    python scripts/out_of_scope_parsers.py [--output bench/results/out_of_scope_parsers.json]
+    python scripts/out_of_scope_parsers.py [--output PATH]
+
+Results: --output, else <GRPO_CACHE>/bench-results/out_of_scope_parsers.json (grpo.bench.results); the committed file
+the docs quote is rewritten only with `--output bench/results/out_of_scope_parsers.json`.
 
 verifiers' XMLParser (an environment's rubric) on '<answer>' followed by n spaces, n = 500, 1000, 2000: the seconds
 per parse and the growth exponent between the last two sizes; math-verify's `verify` of the answer 5 against '\\boxed{10^{99999999}}' in a
@@ -15,10 +18,10 @@ import math
 import multiprocessing as mp
 import os
 import time
-from pathlib import Path
 
 SIZES = (500, 1000, 2000)
 MATH_LIMIT_S = 20.0
+COMMITTED = "bench/results/out_of_scope_parsers.json"  # what docs/rewards.md quotes: written only with --output
 
 
 def xml_parser_seconds() -> dict:
@@ -52,9 +55,17 @@ def math_verify_finishes(limit_s: float) -> tuple[bool, float]:
 
 
 def main() -> int:
+    """Time both parsers, print the result and write it (the cache by default, or --output) and say where."""
     p = argparse.ArgumentParser()
-    p.add_argument("--output", default="bench/results/out_of_scope_parsers.json")
+    p.add_argument("--output", default=None, help="the results file (default <GRPO_CACHE>/bench-results/"
+                   f"out_of_scope_parsers.json; the committed one: {COMMITTED})")
     a = p.parse_args()
+    from grpo.bench.results import results_path, wrote
+    from grpo.tracking.rundir import check_output_file, write_text_atomic
+
+    if a.output is not None:
+        check_output_file(a.output, "--output")
+    out = results_path("out_of_scope_parsers.json", a.output)
     xml = xml_parser_seconds()
     exponent = math.log(xml[SIZES[-1]] / xml[SIZES[-2]]) / math.log(SIZES[-1] / SIZES[-2])
     finished, seconds = math_verify_finishes(MATH_LIMIT_S)
@@ -63,10 +74,9 @@ def main() -> int:
               "math_verify": {"input": "\\boxed{10^{99999999}}", "limit_s": MATH_LIMIT_S, "finished": finished,
                               "seconds": seconds},
               "load_before": os.getloadavg()[0], "cpu_count": os.cpu_count()}
-    from grpo.tracking.rundir import write_text_atomic
-
-    write_text_atomic(Path(a.output), json.dumps(result, indent=1) + "\n")
+    write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
+    print(wrote(out, COMMITTED))
     return 0
 
 

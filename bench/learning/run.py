@@ -14,7 +14,9 @@ A configuration is NAME:PRESET:OVERRIDES (overrides comma-separated, may be empt
 example). Everything not given is the library's default for a model directory (grpo.train.defaults: optim.lr 1e-6
 for full fine-tuning); --lr sets one learning rate for every configuration, the example's included. Seeds are the
 outer loop, so the configurations of one seed run back to back and see the same machine load. Each run has one
-torch thread (--threads). Writes bench/learning/results/<size>.json (or --output) after every run, and a table:
+torch thread (--threads). Writes --output, else <GRPO_CACHE>/bench-results/learning/<size>.json, after every run
+(the committed bench/learning/results/*.json, which the docs quote, are rewritten only with --output naming one;
+bench/learning/README.md gives their commands), and a table:
 
     gain            final held-out accuracy minus the accuracy before training
     per_1k          gain per 1,000 completions sampled (steps x P x G; dapo's extra resampling rounds are not
@@ -41,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+COMMITTED_DIR = "bench/learning/results"  # what the docs quote: written only with --output naming a file there
 
 SIZES = {
     "small": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
@@ -357,7 +360,9 @@ def main(argv=None) -> int:
                              batch_size=args.warm_batch, worked_frac=args.warm_worked_frac,
                              probe=[(r["prompt"], r["answer"]) for r in val])
     results = []
-    out = args.output or (ROOT / "bench" / "learning" / "results" / f"{size}.json")
+    from grpo.bench.results import results_path
+
+    out = results_path(f"learning/{size}.json", args.output)
     for seed in args.seeds:  # interleaved: every configuration of a seed before the next seed, so all see one load
         for spec in args.configs:
             name, preset, extra = (spec.split(":", 2) + ["", ""])[:3]
@@ -380,6 +385,9 @@ def main(argv=None) -> int:
                   f"{row['cpu_s']:.0f} s CPU", file=sys.stderr)
             _write(out, size, warm, work, args, results)  # after every run: a partial result survives a stop
     print(table(results) + "\n\n" + curve_table(results))
+    print(f"wrote {out}" + ("" if COMMITTED_DIR in out.resolve().as_posix() else
+                            f" (the committed results the docs quote are {COMMITTED_DIR}/*.json, each rewritten only "
+                            "with --output naming it: bench/learning/README.md)"))
     return 0
 
 
