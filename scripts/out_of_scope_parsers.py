@@ -6,8 +6,9 @@ Results: --output, else <GRPO_CACHE>/bench-results/out_of_scope_parsers.json (gr
 the docs quote is rewritten only with `--output bench/results/out_of_scope_parsers.json`.
 
 verifiers' XMLParser (an environment's rubric) on '<answer>' followed by n spaces, n = 500, 1000, 2000: the seconds
-per parse and the growth exponent between the last two sizes; math-verify's `verify` of the answer 5 against '\\boxed{10^{99999999}}' in a
-child process killed after 20 s (whether it finished). Needs the `verifiers` and `math` extras.
+per parse and the growth exponent between the last two sizes; math-verify's `verify` of the answer 5 against
+'\\boxed{10^{99999999}}' in a child process killed after 20 s (whether it finished). Needs the `verifiers` and `math`
+extras.
 """
 
 from __future__ import annotations

@@ -324,8 +324,8 @@ def main(argv=None) -> int:
     p.add_argument("--warm-worked-frac", type=float, default=0.8,
                    help="share of worked-style demonstrations in the warm-up (the task's own default is 0.35)")
     p.add_argument("--warm-until", type=float, default=0.2,
-                   help="stop the warm-up once greedy accuracy on the validation problems reaches this (checked every 50 "
-                        "steps)")
+                   help="stop the warm-up once greedy accuracy on the validation problems reaches this (checked "
+                        "every 50 steps)")
     p.add_argument("--work", type=Path, default=Path("/tmp/grpo-bench-learning"))
     p.add_argument("--output", type=Path)
     p.add_argument("--rescan", type=Path, help="rebuild a results JSON's library curves from its run directories")

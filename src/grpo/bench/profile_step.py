@@ -59,7 +59,8 @@ def profile(spec: dict, work: Path, top: int = 25) -> dict:
     profiled_stages = {k: profiled[k] for k in stages}
     return {"spec": spec, "stages": stages, "profiled_stages": profiled_stages, "ops": ops,
             "profiled_self_cpu_s": total_us / 1e6,
-            "params": params, "vocab": trainer.tokenizer.vocab_size if hasattr(trainer.tokenizer, "vocab_size") else None,
+            "params": params,
+            "vocab": trainer.tokenizer.vocab_size if hasattr(trainer.tokenizer, "vocab_size") else None,
             "gen_tokens": metrics["perf/gen_tokens_per_s"] * metrics["perf/generate_s"],
             "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "load_before": load_before, "load_after": os.getloadavg()[0]}
@@ -82,8 +83,8 @@ def main(argv=None) -> int:
         result = profile(spec, Path(tmp))
     write_text_atomic(out, json.dumps(result, indent=1) + "\n")
     s = result["stages"]
-    print(f"step (unprofiled) {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, reward {s['perf/reward_s']:.2f}, "
-          f"log-probs + update {s['perf/update_s']:.2f}")
+    print(f"step (unprofiled) {s['perf/step_s']:.2f} s: generate {s['perf/generate_s']:.2f}, "
+          f"reward {s['perf/reward_s']:.2f}, log-probs + update {s['perf/update_s']:.2f}")
     for op in result["ops"][:15]:
         print(f"{op['share']:6.1%}  {op['self_cpu_s']:7.2f} s  {op['calls']:6d}  {op['op']}")
     print(wrote(out, "bench/results/profile_step_smollm2.json", "--model <SmolLM2-135M-Instruct dir>"))

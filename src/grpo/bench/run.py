@@ -19,9 +19,9 @@ T new tokens (EOS cannot be sampled before T: `min_new_tokens`), so every comple
 Clock: on CPU, torch runs one intra-op thread (GRPO_BENCH_THREADS) and seconds are the process's CPU time
 (GRPO_BENCH_CLOCK=wall for wall-clock): on a shared machine other tenants' load stretches the wall clock (and
 OpenMP threads waiting on each other inflate it tenfold) but not the work done. On CUDA: wall-clock after a
-synchronize. Ratios are medians of per-repeat ratios. Peak RSS: the process's high-water mark during an untimed first pass of
-each method (freed heap returned with malloc_trim, then the mark reset through /proc/self/clear_refs), which also
-warms the shape up. See bench/README.md for the figures.
+synchronize. Ratios are medians of per-repeat ratios. Peak RSS: the process's high-water mark during an untimed
+first pass of each method (freed heap returned with malloc_trim, then the mark reset through /proc/self/clear_refs),
+which also warms the shape up. See bench/README.md for the figures.
 
 Then the real-vocabulary part (bench_vocab.py): a Qwen2-shaped model with 151,936 tokens, the update's peak memory
 and seconds against the naive full-logits floor (entries with "kind": "vocab" in `runs`), and generation there.
@@ -250,14 +250,16 @@ def main(args) -> int:
 
         return (learning_vs_trl if getattr(args, "learn", False) else versus_trl).main(args)
     plan = quick_plan() if getattr(args, "quick", False) else full_plan()
-    err = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    def err(msg):
+        print(msg, file=sys.stderr, flush=True)
+
     err(HEADER)
     result = run_bench(plan, log=err)
     from grpo.bench import vocab as bench_vocab  # the real-vocabulary part: update memory/time vs the floor, generation
 
     vocab = bench_vocab.run_vocab(bench_vocab.quick_plan() if plan.quick else bench_vocab.full_plan(), log=err)
     bench_vocab.merge_into(result, vocab)
-    from grpo.bench import engines as bench_engines  # the engine axis: native, vllm (when installed), transformers generate
+    from grpo.bench import engines as bench_engines  # the engine axis: native, vllm (when installed), hf generate
 
     result["engines"] = bench_engines.run_engines(bench_engines.cpu_plan(plan.quick), log=err)
     from grpo.bench.results import results_path, wrote

@@ -79,7 +79,8 @@ def run_ours(spec: dict, data: Path, work: Path) -> dict:
         for _ in range(spec["steps"]):
             m = trainer.step().metrics
             tokens = m["perf/gen_tokens_per_s"] * m["perf/generate_s"]
-            steps.append({"step_s": m["perf/step_s"], "generate_s": m["perf/generate_s"], "reward_s": m["perf/reward_s"],
+            steps.append({"step_s": m["perf/step_s"], "generate_s": m["perf/generate_s"],
+                          "reward_s": m["perf/reward_s"],
                           "update_s": m["perf/update_s"], "tokens": tokens})
     finally:
         trainer.close()
@@ -131,8 +132,9 @@ def run_trl(spec: dict, data: Path, work: Path) -> dict:
     P, G = spec["prompts"], spec["group"]
     args = GRPOConfig(output_dir=str(work / "trl"), per_device_train_batch_size=P * G, num_generations=G,
                       gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, beta=0.0,
-                      loss_type="grpo", scale_rewards="group", epsilon=0.2, max_completion_length=spec["max_new_tokens"],
-                      temperature=1.0, top_p=1.0, learning_rate=spec["lr"], lr_scheduler_type="constant",
+                      loss_type="grpo", scale_rewards="group", epsilon=0.2,
+                      max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0,
+                      learning_rate=spec["lr"], lr_scheduler_type="constant",
                       warmup_steps=0, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
                       max_steps=spec["steps"] + 1, seed=spec["seed"], use_cpu=not torch.cuda.is_available(),
                       bf16=False, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True,
@@ -163,7 +165,8 @@ def worker(method: str, spec: dict) -> dict:
         data = write_problems(work / "train.jsonl", 200, chat=bool(getattr(tok, "chat_template", None)))
         out = (run_ours if method == "ours" else run_trl)(spec, data, work)
     steps = out["steps"]
-    mean = {k: statistics.fmean(s[k] for s in steps) for k in ("step_s", "generate_s", "reward_s", "update_s", "tokens")}
+    mean = {k: statistics.fmean(s[k] for s in steps)
+            for k in ("step_s", "generate_s", "reward_s", "update_s", "tokens")}
     mean["gen_tokens_per_s"] = mean["tokens"] / max(mean["generate_s"], 1e-9)
     return {"method": method, "steps": steps, "mean": mean, "peak_rss_mb": peak_rss_mb()}
 
@@ -207,10 +210,12 @@ def table(result: dict) -> str:
     lines = ["method  s/step   generate  reward  log-probs+update  gen tok/s  peak MB"]
     for m in METHODS:
         x = result["median"][m]
-        lines.append(f"{m:<6}  {x['step_s']:7.3f}  {x['generate_s']:8.3f}  {x['reward_s']:6.3f}  {x['update_s']:16.3f}  "
+        lines.append(f"{m:<6}  {x['step_s']:7.3f}  {x['generate_s']:8.3f}  {x['reward_s']:6.3f}  "
+                     f"{x['update_s']:16.3f}  "
                      f"{x['gen_tokens_per_s']:9.0f}  {x['peak_rss_mb']:7.0f}")
     r = result["ours_over_trl"]
-    lines.append(f"ours / TRL: {r['step_s']:.2f}x the seconds per step, {r['gen_tokens_per_s']:.2f}x the generation speed")
+    lines.append(f"ours / TRL: {r['step_s']:.2f}x the seconds per step, {r['gen_tokens_per_s']:.2f}x the generation "
+                 "speed")
     return "\n".join(lines)
 
 
