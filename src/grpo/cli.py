@@ -134,6 +134,9 @@ def _eval(args) -> int:
         cfg.model.name = str(path)
         cfg, _ = model_defaults(cfg)
     model = load_causal_lm(path).to(resolve_device("auto"))  # a damaged directory: ModelDirError, exit 2
+    from grpo.models.compute import resolve_compute  # as a run of this config evaluates: bf16 where it is native
+
+    compute = resolve_compute(cfg, next(model.parameters()).device, next(model.parameters()).dtype)
     tokenizer = load_tokenizer(path)
     if args.task is not None:  # a built-in task instead of the run's own (its data set file, if it had one)
         cfg.data.task, cfg.data.path = args.task, None
@@ -152,7 +155,8 @@ def _eval(args) -> int:
                                       max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                       max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                       temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                      progress=ph.update, **env_limits(cfg))  # progress on stderr: --json stays clean
+                                      progress=ph.update, compute=compute,
+                                      **env_limits(cfg))  # progress on stderr: --json stays clean
     unjudged = task.unjudged() if hasattr(task, "unjudged") else None  # a data file's reward judged nothing
     if unjudged is not None:
         from grpo.train.guards import RewardsMissing

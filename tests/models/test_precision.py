@@ -192,7 +192,9 @@ def test_a_bf16_held_lora_base_is_the_rounded_model_and_the_plan_counts_its_byte
     from grpo.train import memory_plan
 
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (64 * 2**30, "memory"))
+    from grpo.train import memory_limit
+
+    monkeypatch.setattr(memory_limit, "available_memory", lambda device: (64 * 2**30, "memory"))
     path = model_dirs["qwen2"]
     cfg = load_config(None, [f"model.name={path}", "model.lora_rank=4", "model.frozen_dtype=bfloat16"])
     policy, _ = load_policy(cfg, path)

@@ -13,7 +13,7 @@ HEALTHY = {"adv/zero_std_frac": 0.1, "rollout/truncated_frac": 0.0, "policy/kl":
     ("adv/zero_std_frac", 0.9, "rollout.group_size"),
     ("rollout/truncated_frac", 0.7, "rollout.max_new_tokens"),
     ("policy/kl", 2.5, "kl.coef"),
-    ("rollout/logp_diff", 0.2, "model.dtype"),
+    ("rollout/logp_diff", 0.2, "model.compute_dtype=float32"),
 ])
 def test_each_warning_fires_once_after_patience_steps(key, value, setting):
     monitor = HealthMonitor(patience=3)

@@ -18,20 +18,24 @@ from grpo.models.footprint import parameter_counts, saved_bytes_per_token
 from grpo.train import memory_plan
 
 
-def saved_by_whole_model(model, tokens: int) -> int:
+def saved_by_whole_model(model, tokens: int, compute: str = "weights") -> int:
     """The reference: every distinct non-parameter storage autograd keeps in one training forward of the whole
-    decoder stack (all its layers), summed."""
+    decoder stack (all its layers), summed; under bf16 compute, not the weights' cast copies (2-D, a weight's
+    shape: the plan counts them apart)."""
+    from grpo.models.compute import compute_context
+
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
     kept = {}
 
     def pack(t):
         s = t.untyped_storage()
-        if s.data_ptr() not in params:
+        if s.data_ptr() not in params and (compute == "weights" or tuple(t.shape) not in shapes):
             kept[s.data_ptr()] = s.nbytes()
         return t
 
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_context(compute, torch.device("cpu")):
         out = model.model(input_ids=torch.randint(0, 50, (1, tokens)), use_cache=False)
     del out
     return sum(kept.values())
@@ -77,6 +81,29 @@ def test_activations_per_token_extrapolate_to_the_whole_model(arch):
     assert abs(half - got / 2) / (got / 2) < 0.15  # bfloat16 activations: about half
 
 
+@pytest.mark.parametrize("compute", ["weights", "bfloat16"])
+def test_short_sequences_plan_the_eager_attention_they_take(compute):
+    """A training forward of at most EAGER_MAX_POSITIONS positions takes eager attention on the CPU
+    (models/forward.py short_attention), which keeps each layer's attention probabilities: the per-token figure for
+    that length is a direct measurement of the 6-layer model under eager attention, within 10% (above it, never
+    under by more than 2%), larger than sdpa's and growing with the length."""
+    from grpo.models.forward import EAGER_MAX_POSITIONS
+
+    fields = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1000)
+    config = tiny_config("llama", **fields)
+    sdpa = saved_bytes_per_token(config, torch.float32, compute=compute)
+    for positions in (150, EAGER_MAX_POSITIONS):
+        model = tiny_model("llama", **fields)
+        model.config._attn_implementation = "eager"
+        want = saved_by_whole_model(model, positions, compute) / positions
+        got = saved_bytes_per_token(config, torch.float32, compute=compute, positions=positions)
+        assert -0.02 < (got - want) / want < 0.10, (positions, got, want)
+        assert got > sdpa
+    assert saved_bytes_per_token(config, torch.float32, compute=compute, positions=EAGER_MAX_POSITIONS + 1) == sdpa
+    assert saved_bytes_per_token(config, torch.float32, compute=compute, positions=100, device_type="cuda") == sdpa
+
+
 def _cfg(model_dir, tmp_path, *extra):
     return load_config(None, small_run(model_dir, write_chat_jsonl(tmp_path / "d.jsonl"), tmp_path / "run", *extra))
 
@@ -86,20 +113,48 @@ def model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("m") / "model", hidden=64, layers=2, intermediate=128)
 
 
-def test_the_plan_chooses_the_micro_batch_from_the_budget_and_the_user_wins(model_dir, tmp_path, monkeypatch):
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (8 * 2**30, "memory"))
-    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, 20)
-    assert cfg.optim.micro_batch_tokens == plan.micro_batch_tokens == memory_plan.MAX_MICRO_BATCH_TOKENS  # tiny
+def _limit(monkeypatch, available: int = 64 * 2**30) -> None:
+    """This machine, as the plan sees it: `available` bytes this process could have (no cgroup)."""
+    from grpo.train import memory_limit
+
+    monkeypatch.setattr(memory_limit, "available_memory", lambda device: (available, "memory"))
+
+
+def _gib(n: float) -> str:
+    return f"train.memory_limit={n / 2**30!r}"
+
+
+P, G, T, L = 2, 2, 8, 20  # small_run's batch; the plans below are given a 20-token longest prompt
+
+
+def test_the_whole_batch_is_one_micro_batch_when_it_fits_and_the_user_wins(model_dir, tmp_path, monkeypatch):
+    """With room, the micro-batch is the step's whole batch: P prompts once and P*G completions of T tokens, no more
+    (a larger one would plan memory no step uses); the note says why; a user's micro-batch is kept, and one larger
+    than the step is planned at the step's tokens, never refused for memory it will not use."""
+    _limit(monkeypatch)
+    cpu, printed = torch.device("cpu"), []
+
+    class Console:
+        def print(self, text, **kw):
+            printed.append(text)
+
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L, Console())
+    whole = P * L + P * G * T
+    assert cfg.optim.micro_batch_tokens == plan.micro_batch_tokens == plan.step_tokens == whole
     assert "micro_batch_tokens" in cfg.optim.model_fields_set  # saved in config.yaml: a resume does the same
-    # a budget of 1 MiB of activations: the tokens are that over the measured per-token cost
-    monkeypatch.setattr(memory_plan, "MIN_ACTIVATION_BYTES", 2**20)
-    monkeypatch.setattr(memory_plan, "ACTIVATION_SHARE", 0.0)
-    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, 20)
-    assert plan.micro_batch_tokens == 2**20 // plan.per_token
-    mine, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=77"), model_dir, cpu,
-                                         torch.float32, 20)
-    assert mine.optim.micro_batch_tokens == plan.micro_batch_tokens == 77
+    assert cfg.model.gradient_checkpointing is False  # auto, resolved: not needed
+    assert any(f"optim.micro_batch_tokens={whole} (from the memory plan: the whole batch fits in the 57.6 GiB limit"
+               in line for line in printed), printed
+    assert any("train.memory_limit=auto: 64.0 GiB available less a 6.4 GiB margin" in line for line in printed)
+    chunk = cfg.optim.logprob_chunk_tokens * 260 * 4 * 3
+    assert plan.parts["activations"] == int(whole * plan.per_token * memory_plan.ACTIVATION_SLACK) + chunk
+    mine, plan77 = memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=30"), model_dir, cpu,
+                                           torch.float32, L)
+    assert mine.optim.micro_batch_tokens == plan77.micro_batch_tokens == 30
+    assert plan77.parts["activations"] == int(30 * plan.per_token * memory_plan.ACTIVATION_SLACK) + chunk
+    big, plan_big = memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=10000000"), model_dir,
+                                            cpu, torch.float32, L)
+    assert plan_big.parts["activations"] == plan.parts["activations"]  # the step's 72 tokens, not 10 million
     p = plan.parts  # the parts by hand: float32 weights, gradients, AdamW's two moments
     n = sum(x.numel() for x in tiny_model("qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                                           num_attention_heads=2, num_key_value_heads=1, vocab_size=260).parameters())
@@ -108,14 +163,46 @@ def test_the_plan_chooses_the_micro_batch_from_the_budget_and_the_user_wins(mode
                          + max(p["gradients"] + p["activations"], p["generation"]))
 
 
-def test_a_plan_over_the_available_memory_is_refused_with_what_would_fit(model_dir, tmp_path, monkeypatch):
+def test_a_tight_limit_takes_the_most_tokens_that_fit_then_checkpointing(model_dir, tmp_path, monkeypatch):
+    """Below the whole batch, the micro-batch is the most tokens whose activations fit beside the rest of the plan;
+    where not even one completion row (prompt + T) fits, gradient checkpointing (auto) is turned on, said in a note;
+    an explicit model.gradient_checkpointing=false is then refused, naming what would fit."""
+    _limit(monkeypatch)
+    monkeypatch.setattr(memory_plan, "process_rss", lambda: 100 * 2**20)
     cpu = torch.device("cpu")
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**20, "memory"))  # 1 MiB
+    _, roomy = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L)
+    per, fixed = roomy.per_token * memory_plan.ACTIVATION_SLACK, roomy.fixed + roomy.parts["gradients"]
+    chunk = roomy.parts["activations"] - int(roomy.step_tokens * per)
+    limit = fixed + chunk + int(50 * per) + 1  # room for 50 tokens: more than a row (28), less than the step (72)
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, _gib(limit)), model_dir, cpu, torch.float32, L)
+    assert plan.micro_batch_tokens == 50 and plan.peak <= limit and cfg.model.gradient_checkpointing is False
+    printed = []
+
+    class Console:
+        def print(self, text, **kw):
+            printed.append(text)
+
+    tiny = fixed + chunk + int(10 * per)  # not even one 28-token row, but checkpointed tokens are cheaper
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, _gib(tiny), "train.memory_check=false"), model_dir,
+                                        cpu, torch.float32, L, Console())
+    assert cfg.model.gradient_checkpointing is True and plan.per_token < roomy.per_token
+    assert plan.step_tokens == P * G * (L + T)  # checkpointed layers repeat each prompt
+    assert any("model.gradient_checkpointing=true (from the memory plan" in line for line in printed)
+    with pytest.raises(ConfigError, match="more than the .* limit"):
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, _gib(tiny), "model.gradient_checkpointing=false"),
+                                model_dir, cpu, torch.float32, L)
+
+
+def test_a_plan_over_the_limit_is_refused_with_what_would_fit(model_dir, tmp_path, monkeypatch):
+    _limit(monkeypatch)
+    cpu = torch.device("cpu")
     with pytest.raises(ConfigError) as e:
-        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "kl.coef=0.1"), model_dir, cpu, torch.float32, 20)
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "kl.coef=0.1", _gib(2**20)), model_dir, cpu, torch.float32,
+                                L)
     msg = str(e.value)
-    assert "memory plan: peak" in msg and "of 0.0 GiB available" in msg and "more than the memory available" in msg
+    assert "memory plan: peak" in msg and "of the 0.0 GiB limit" in msg and "more than the 0.0 GiB limit" in msg
     assert "model.lora_rank=16" in msg and "kl.coef=0 (no reference copy" in msg
+    assert "a larger train.memory_limit (this machine has 64.0 GiB available)" in msg
     assert "train.memory_check=false" in msg
     printed = []
 
@@ -123,8 +210,8 @@ def test_a_plan_over_the_available_memory_is_refused_with_what_would_fit(model_d
         def print(self, text, **kw):
             printed.append(text)
 
-    memory_plan.plan_memory(_cfg(model_dir, tmp_path, "train.memory_check=false"), model_dir, cpu, torch.float32,
-                            20, Console())
+    memory_plan.plan_memory(_cfg(model_dir, tmp_path, "train.memory_check=false", _gib(2**20)), model_dir, cpu,
+                            torch.float32, L, Console())
     assert any("warning: the run's memory plan" in line for line in printed)
 
 
@@ -138,7 +225,7 @@ def test_the_refusal_offers_a_bf16_base_where_frozen_weights_are_float32(extra, 
     from grpo.models import precision
 
     monkeypatch.setattr(precision, "cpu_native_bf16", lambda cpuinfo=None: False)
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**20, "memory"))
+    _limit(monkeypatch, 2**20)
     model = tiny_model("qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2,
                        num_key_value_heads=1, vocab_size=260)
     linear = sum(m.weight.numel() for m in model.modules()
@@ -175,9 +262,10 @@ def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(
     monkeypatch.setattr(memory_plan, "process_rss", lambda: 100 * 2**20)  # the plans differ by ~0.2 MB here
     cpu = torch.device("cpu")
     lora = ("model.lora_rank=4", "optim.micro_batch_tokens=64", "model.frozen_dtype=auto")  # the choice under test
-    _, fp32 = memory_plan._plan(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
+    none = memory_plan.MemoryLimit(None, "test")
+    _, fp32 = memory_plan._plan(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20, T, none)
     _, held = memory_plan._plan(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=bfloat16"), model_dir, cpu,
-                                torch.float32, 20)
+                                torch.float32, 20, T, none)
     assert held.peak < fp32.peak
     printed = []
 
@@ -185,17 +273,17 @@ def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(
         def print(self, text, **kw):
             printed.append(text)
 
+    _limit(monkeypatch)
     between = (held.peak + fp32.peak) // 2
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (between, "memory"))
-    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20,
-                                        Console())
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora, _gib(between)), model_dir, cpu,
+                                        torch.float32, 20, Console())
     assert cfg.model.frozen_dtype == "bfloat16" and plan.peak == held.peak
     assert any("model.frozen_dtype=bfloat16 (from the memory plan" in line for line in printed)
-    with pytest.raises(ConfigError, match="more than the memory available"):
-        memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=float32"), model_dir, cpu,
-                                torch.float32, 20)
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (fp32.peak + 1, "memory"))
-    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora), model_dir, cpu, torch.float32, 20)
+    with pytest.raises(ConfigError, match="more than the .* limit"):
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora, "model.frozen_dtype=float32", _gib(between)),
+                                model_dir, cpu, torch.float32, 20)
+    cfg, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path, *lora, _gib(fp32.peak + 1)), model_dir, cpu,
+                                        torch.float32, 20)
     assert cfg.model.frozen_dtype == "auto" and plan.peak == fp32.peak
 
 
@@ -210,15 +298,15 @@ def test_8bit_moments_are_counted_and_offered_where_the_moments_are_a_large_part
                                       torch.float32, 20)
     assert plan.parts["optimizer"] == int(2 * n * (1 + 4 / 256))
     monkeypatch.setattr(memory_plan, "process_rss", lambda: 0)  # a small model: its moments beside no runtime
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (2**10, "memory"))
+    _limit(monkeypatch)
     with pytest.raises(ConfigError) as e:
-        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1"), model_dir, cpu,
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", _gib(2**10)), model_dir, cpu,
                                 torch.float32, 20)
     saved = 8 * n - int(2 * n * (1 + 4 / 256))
     assert f"optim.name=adamw_8bit (8-bit AdamW moments, {saved / 2**30:.1f} GiB less" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", "model.lora_rank=4"),
-                                model_dir, cpu, torch.float32, 20)
+        memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", "model.lora_rank=4",
+                                     _gib(2**10)), model_dir, cpu, torch.float32, 20)
     assert "optim.name=adamw_8bit" not in str(e.value)
 
 
@@ -229,17 +317,28 @@ def test_bf16_compute_plans_its_activations_and_its_weight_copies(model_dir, tmp
     tests/models/test_compute.py) and the head's weight as its products take it, each counted by hand here."""
     from transformers import AutoConfig
 
-    monkeypatch.setattr(memory_plan, "_memory", lambda device: (8 * 2**30, "memory"))
-    cpu, tokens = torch.device("cpu"), 500
+    _limit(monkeypatch)
+    cpu, tokens = torch.device("cpu"), 50  # fewer than the step's 72: this many are planned
     config = AutoConfig.from_pretrained(model_dir)
     fp32_cfg, fp32 = memory_plan.plan_memory(_cfg(model_dir, tmp_path, f"optim.micro_batch_tokens={tokens}"),
                                              model_dir, cpu, torch.float32, 20)
     _, bf16 = memory_plan.plan_memory(_cfg(model_dir, tmp_path, f"optim.micro_batch_tokens={tokens}",
                                            f"model.compute_dtype={compute}"), model_dir, cpu, torch.float32, 20)
-    assert bf16.per_token == saved_bytes_per_token(config, torch.float32, compute=compute)
+    assert bf16.per_token == saved_bytes_per_token(config, torch.float32, compute=compute, positions=20 + T)
     if compute == "bfloat16":  # the emulation keeps float32 copies of its rounded operands: larger, not smaller
         assert bf16.per_token < fp32.per_token
     chunk = fp32_cfg.optim.logprob_chunk_tokens * config.vocab_size * 4 * 3
-    assert fp32.parts["activations"] == tokens * fp32.per_token + chunk
+    slack = memory_plan.ACTIVATION_SLACK
+    assert fp32.parts["activations"] == int(tokens * fp32.per_token * slack) + chunk
     copies = cast * parameter_counts(config).linear + cast * config.vocab_size * config.hidden_size
-    assert bf16.parts["activations"] == tokens * bf16.per_token + chunk + copies
+    head_grad = cast * config.vocab_size * config.hidden_size  # a chunk's (V, H) weight-gradient product
+    assert bf16.parts["activations"] == int(tokens * bf16.per_token * slack) + chunk + copies + head_grad
+    # generation samples in bf16 too (models/compute.py): the same weight copies, a bf16 KV cache
+    assert bf16.parts["generation"] - fp32.parts["generation"] == copies - _kv_bytes(config, fp32_cfg, 20) // 2
+
+
+def _kv_bytes(config, cfg, prompt_tokens: int) -> int:
+    """The float32 KV cache of the larger of a step's and an evaluation's generation, by hand."""
+    rows = max(cfg.rollout.prompts_per_step * cfg.rollout.group_size, min(cfg.eval.batch_size, cfg.eval.n))
+    kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    return rows * (prompt_tokens + cfg.rollout.max_new_tokens) * config.num_hidden_layers * 2 * kv_heads * head_dim * 4

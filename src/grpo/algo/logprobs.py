@@ -233,14 +233,16 @@ class _HiddenTokenLogprob(torch.autograd.Function):
             u = _head_logits(h, weight_op, tau, dtype, products).sub_(row_max[a:b, None]).exp_()
             u.mul_((-g / row_sum[a:b])[:, None]).scatter_add_(-1, targets[a:b, None], g[:, None])  # (onehot - p) g/tau
             u = u.to(weight.dtype)
+            u_op = _operand(u, products)
             if need_h:
-                grad_h[a:b] = _product(_operand(u, products), weight_op, products)
-            if need_w:  # in the weight's dtype even under bf16 products: accumulated in place, no (V, H) temporary
-                if exact:
-                    grad_w.addmm_(u.t(), h)
-                else:
-                    grad_w += torch.matmul(u.t(), h)
-            del u
+                grad_h[a:b] = _product(u_op, weight_op, products)
+            if need_w and products[0] is not None:  # the chunk's part a bf16 product, as autocast's linear backward
+                grad_w += _product(u_op.t(), _operand(h, products), products)  # makes it; accumulated in float32
+            elif need_w and exact:  # in the weight's dtype: accumulated in place, no (V, H) temporary
+                grad_w.addmm_(u.t(), h)
+            elif need_w:
+                grad_w += torch.matmul(u.t(), h)
+            del u, u_op
         if param is not None:
             grad_w = None  # already in param.grad
         elif need_w and not exact:
@@ -260,16 +262,16 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     hidden and weight (recomputing each chunk's logits in the backward pass); the entropy of the tempered
     distribution is computed in the same pass when `with_entropy` and carries no gradient.
     Peak extra memory: a few (chunk_size, V) float32 blocks, forward and backward (plus a float32 (V, H)
-    gradient accumulator when the weight is narrower than float32, and the weight as product_dtype takes it: a
-    (V, H) bf16 copy, float32 when emulated).
+    gradient accumulator when the weight is narrower than float32; with product_dtype, the weight as it takes it, a
+    (V, H) bf16 copy (float32 when emulated), and one chunk's weight-gradient product of the same size).
     weight_grad_in_place: a leaf weight in the compute dtype gets its gradient added straight into `weight.grad`
     (created as zeros when None) and none is returned to autograd, which would hold a (V, H) tensor and then add it
     to .grad (a second one with a tied embedding: 1 GiB at 0.5B); the gradient is the same. Only for a plain
     backward() whose .grad nobody hooks: DDP's gradient hooks would not see it.
     product_dtype: None, or the dtype the head's products take their operands in and round their results to
-    (bfloat16 under bf16 compute, models/compute.py): the logits (c, V) of forward and backward alike, and the
-    gradient to hidden; the log-softmax, its gradient and the weight's gradient (accumulated in place) stay in
-    float32. emulated: operands rounded to product_dtype and multiplied in float32 (bf16's roundings on a CPU
+    (bfloat16 under bf16 compute, models/compute.py): the logits (c, V) of forward and backward alike, the gradient
+    to hidden, and each chunk's part of the weight's gradient (a (V, H) product in bf16, as autocast's linear
+    backward makes it, added into a float32 accumulator); the log-softmax and its gradient stay in float32. emulated: operands rounded to product_dtype and multiplied in float32 (bf16's roundings on a CPU
     without native bf16). Autocast does not reach a custom backward, hence the explicit argument.
     """
     check_tensor("hidden", hidden, ndim=3)

@@ -32,7 +32,10 @@ class ModelConfig(_Section):
         "bfloat16 for model.dtype=auto's float32 weights on a CPU with native bf16 (AVX512-BF16 or AMX), else the "
         "weights' dtype; bfloat16_emulated = bf16's roundings with float32 products (slower: to check how a run "
         "learns with bf16 compute on a CPU without native bf16)")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="keep only each layer's input for the backward and recompute the layer there (less memory, "
+        "about a third more update time); auto = only when the memory plan finds that not even one completion's "
+        "activations fit train.memory_limit without it")
     lora_rank: int = Field(0, ge=0, description="LoRA rank r (peft); 0 = full fine-tuning")
     lora_alpha: float | None = Field(None, gt=0.0, description="LoRA alpha; None = 2 * lora_rank")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
@@ -155,10 +158,11 @@ class AlgoConfig(_Section):
                                                    "without EOS add no token to the loss (they still count in their "
                                                    "group's reward statistics and in the 1/G of the aggregation)")
     max_resample_batches: int = Field(4, ge=1, description="dynamic sampling: generation rounds per step at most")
-    tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling (Yao et al. 2025): "
-                                  "the policy-gradient term of each token times min(pi_train/pi_engine, tis_cap), "
-                                  "correcting the rollout engine's drift from the trainer's policy; None = off; 2 "
-                                  "is verl's and TRL's usual cap")
+    tis_cap: float | Literal["auto"] | None = Field(
+        "auto", description="truncated importance sampling (Yao et al. 2025): the policy-gradient term of each token "
+        "times min(pi_train/pi_engine, tis_cap), correcting the rollout engine's drift from the trainer's policy; None "
+        "= off; auto = 2 (verl's and TRL's usual cap) where the sampler's arithmetic is not the trainer's (bf16 "
+        "compute, rollout.engine=vllm) and rollout.top_p=1, else off")
     # PPO (advantage = gae)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
@@ -167,6 +171,15 @@ class AlgoConfig(_Section):
     value_lr: float = Field(1e-4, gt=0.0, description="the critic's; 1e-4 is the built-in model's, a model "
                             "directory gets 1e-5 unless set (grpo.train.defaults)")
     value_model: str | None = Field(None, description="critic init: a checkpoint dir; None = a copy of the policy")
+
+    @field_validator("tis_cap", mode="before")
+    @classmethod
+    def _tis_cap(cls, v):
+        if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
+            return "auto" if v is not None else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise ValueError(f"must be a positive, finite cap (2 is the usual), auto, or null (off), got {v!r}")
+        return float(v)
 
     @field_validator("advantage")
     @classmethod
@@ -248,6 +261,10 @@ class TrainConfig(_Section):
                                    "spread, the preflight samples more batches of train.preflight_groups other "
                                    "prompts, up to this many, before it calls the run unable to learn (a model right "
                                    "2% of the time is then stopped by chance < 0.1% of the time at G=8)")
+    memory_limit: float | Literal["auto"] = Field(
+        "auto", description="GiB the run may use (the peak of its process tree); the memory plan printed at start "
+        "picks the fastest layout within it (grpo.train.memory_plan); auto = what this process can have at start "
+        "(the machine's available memory, or its cgroup's room, plus what it holds) less 10% (at least 1 GiB)")
     memory_check: bool = Field(True, description="refuse a run whose planned peak memory (printed at start, "
                                "grpo.train.memory_plan) exceeds what this machine has available; false: warn and run")
     zero_spread_steps: int = Field(20, ge=0, description="stop the run (checkpoint, exit 3) after this many "
@@ -261,6 +278,17 @@ class TrainConfig(_Section):
             raise ValueError(f"must be at least 1, got {v}: a run of no steps would only evaluate the starting model "
                              "(twice); `grpo eval MODEL_DIR` does that")
         return v
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, v):
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"must be a number of GiB (e.g. 11.0) or auto, got {v!r}")
+        if not 0 < v < float("inf"):  # NaN too
+            raise ValueError(f"must be a positive, finite number of GiB (or auto), got {v!r}")
+        return float(v)
 
     @field_validator("preflight", mode="before")
     @classmethod
@@ -359,7 +387,7 @@ class Config(_Section):
         if self.algo.policy_loss == "cispo" and (self.algo.ratio_level == "sequence" or self.algo.dual_clip):
             raise ValueError("algo.policy_loss=cispo clips a per-token weight: it takes neither "
                              "algo.ratio_level=sequence nor algo.dual_clip")
-        if self.algo.tis_cap is not None and self.rollout.top_p < 1.0:
+        if isinstance(self.algo.tis_cap, float) and self.rollout.top_p < 1.0:
             raise ValueError("algo.tis_cap needs rollout.top_p=1: under top-p the engine's log-probs are of the "
                              "truncated distribution, not comparable with the trainer's")
         return self

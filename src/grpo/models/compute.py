@@ -62,7 +62,7 @@ def resolve_compute(cfg, device: torch.device, dtype: torch.dtype) -> str:
     if dtype != torch.float32:
         raise ConfigError(f"model.compute_dtype={name} with {_name(dtype)} weights: bf16 compute keeps float32 master "
                           "weights (model.dtype=float32, or auto on the CPU)")
-    if name == "bfloat16_emulated" and cfg.model.gradient_checkpointing:
+    if name == "bfloat16_emulated" and cfg.model.gradient_checkpointing is True:
         raise ConfigError("model.compute_dtype=bfloat16_emulated with model.gradient_checkpointing=true: the layers "
                           "recomputed in the backward would run outside the emulation; turn checkpointing off (or "
                           "use bfloat16)")

@@ -161,7 +161,7 @@ def load_policy(cfg, path: Path):
     if stored:  # before the conversion: a bf16 file's linear layers are never float32 (Bf16StoredLinear._apply)
         store_linears_bf16(model)
     model = to_dtype_lean(model, dtype).to(device)
-    if cfg.model.gradient_checkpointing:
+    if cfg.model.gradient_checkpointing is True:  # auto: the memory plan resolved it (train/memory_plan.py)
         model.gradient_checkpointing_enable()
     model.config.use_cache = True
     if cfg.model.lora_rank > 0:

@@ -42,10 +42,11 @@ class BufferedLayer(DynamicLayer):
     """A prefilled DynamicLayer of P rows, each repeated `repeats` times into a buffer with room for `capacity`
     more tokens; `keys`/`values` are views of the filled part. DynamicLayer's protocol otherwise."""
 
-    def __init__(self, layer: DynamicLayer, repeats: int, capacity: int):
+    def __init__(self, layer: DynamicLayer, repeats: int, capacity: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.device = layer.keys.device
-        self._k, self._v = _buffer(layer.keys, repeats, capacity), _buffer(layer.values, repeats, capacity)
+        keys, values = (layer.keys, layer.values) if dtype is None else (layer.keys.to(dtype), layer.values.to(dtype))
+        self._k, self._v = _buffer(keys, repeats, capacity), _buffer(values, repeats, capacity)
         self._n = layer.keys.shape[-2]
         self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
         self.is_initialized = True
@@ -83,12 +84,18 @@ class GroupedPrefixLayer(DynamicLayer):
     first n steps are one contiguous prefix of memory, which the per-row attention matmuls read about 30% faster
     here than a row-major (N, H, capacity, D) buffer with its unused capacity between rows."""
 
-    def __init__(self, layer: DynamicLayer, prompt_mask: torch.Tensor, repeats: int, capacity: int):
+    def __init__(self, layer: DynamicLayer, prompt_mask: torch.Tensor, repeats: int, capacity: int,
+                 dtype: torch.dtype | None = None):
         super().__init__()
-        k = layer.keys
+        k = layer.keys if dtype is None else layer.keys.to(dtype)
         P, H, L, D = k.shape
         self.device = k.device
-        self.prompt_keys, self.prompt_values = layer.keys, layer.values
+        # bf16 attention (dtype bfloat16: the sampler under bf16 compute) multiplies bf16 operands and accumulates in
+        # float32, as torch's CPU kernel does: the prompt part, read G times a step, is kept as float32 copies of its
+        # bf16 values, the generated part in bf16 and widened per step (rollout/decode.py attend)
+        self.bf16 = k.dtype == torch.bfloat16
+        values = layer.values if dtype is None else layer.values.to(dtype)
+        self.prompt_keys, self.prompt_values = (k.float(), values.float()) if self.bf16 else (k, values)
         # additive bias over the prompt keys: 0 at real tokens, -inf at left padding; (P, 1, 1, L)
         self.prompt_bias = torch.zeros((P, 1, 1, L), dtype=torch.float32, device=k.device).masked_fill(
             prompt_mask[:, None, None, :].to(k.device) == 0, float("-inf"))
@@ -96,7 +103,7 @@ class GroupedPrefixLayer(DynamicLayer):
         self.group_size = repeats
         self.rows: torch.Tensor | None = None  # batch row -> full-batch row; None while no row has left
         self._k = k.new_empty((capacity, P * repeats, H, D))
-        self._v = layer.values.new_empty((capacity, P * repeats, *layer.values.shape[1::2]))
+        self._v = values.new_empty((capacity, P * repeats, *values.shape[1::2]))
         self._L, self._n = L, 0
         self._views()
         self.is_initialized = True
@@ -142,6 +149,14 @@ class GroupedPrefixLayer(DynamicLayer):
         B, Hq, S, D = query.shape
         if S != 1:
             raise ValueError("GroupedPrefixLayer decodes one token per row at a time")
+        if self.bf16:  # bf16 operands, float32 products and softmax; autocast would round the scores to bf16
+            with torch.autocast(query.device.type, enabled=False):
+                return self._attend(query.to(torch.bfloat16).float(), keys.float(), values.float(), scaling,
+                                    round_probs=True).to(query.dtype)  # bf16 weights take bf16 back
+        return self._attend(query, keys, values, scaling)
+
+    def _attend(self, query, keys, values, scaling: float, round_probs: bool = False):
+        B, Hq, S, D = query.shape
         P, H, L, _ = self.prompt_keys.shape
         G, r, rows = self.group_size, Hq // H, self.rows
         q = query.reshape(B, H, r, D) * scaling
@@ -155,6 +170,8 @@ class GroupedPrefixLayer(DynamicLayer):
         # scores against the row's own generated tokens, then one softmax over both
         s = torch.cat([s_prompt, torch.matmul(q, keys.transpose(-1, -2)).to(s_prompt.dtype)], -1)
         p = torch.softmax(s, -1).to(query.dtype)
+        if round_probs:  # the probabilities multiply the values as bf16 operands
+            p = p.to(torch.bfloat16).to(query.dtype)
         p_prompt = p[..., :L] if rows is None else p.new_zeros((P * G, H, r, L)).index_copy_(0, rows, p[..., :L])
         p_prompt = p_prompt.reshape(P, G, H, r, L).transpose(1, 2).reshape(P, H, G * r, L)
         out = torch.matmul(p_prompt, self.prompt_values).view(P, H, G, r, D).transpose(1, 2).reshape(P * G, H, r, D)
@@ -172,10 +189,12 @@ class GroupedPrefixLayer(DynamicLayer):
         return self._bias_cache
 
 
-def expand_cache(cache, prompt_mask: torch.Tensor, repeats: int, capacity: int, grouped: bool):
+def expand_cache(cache, prompt_mask: torch.Tensor, repeats: int, capacity: int, grouped: bool,
+                 dtype: torch.dtype | None = None):
     """Serve N = P*repeats decoding rows from a cache prefilled with P prompts, with room for `capacity` new
     tokens: GroupedPrefixLayers when `grouped` (decoding through LeanDecoder), else BufferedLayers, or the
-    model's own layers repeated when they are not plain DynamicLayers (sliding windows, ...).
+    model's own layers repeated when they are not plain DynamicLayers (sliding windows, ...). dtype: the keys'
+    and values' (bfloat16 under bf16 compute, whose attention takes them so; None: as the prefill left them).
     Returns (cache, grouped)."""
     layers = getattr(cache, "layers", None)
     if not (bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)):
@@ -183,9 +202,9 @@ def expand_cache(cache, prompt_mask: torch.Tensor, repeats: int, capacity: int, 
             cache.batch_repeat_interleave(repeats)
         return cache, False
     if grouped:
-        cache.layers = [GroupedPrefixLayer(layer, prompt_mask, repeats, capacity) for layer in layers]
+        cache.layers = [GroupedPrefixLayer(layer, prompt_mask, repeats, capacity, dtype) for layer in layers]
     else:
-        cache.layers = [BufferedLayer(layer, repeats, capacity) for layer in layers]
+        cache.layers = [BufferedLayer(layer, repeats, capacity, dtype) for layer in layers]
     return cache, grouped
 
 

@@ -9,13 +9,14 @@ from grpo.rollout.engine import RolloutEngine
 from grpo.rollout.sampler import Sampler
 
 
-def build_engine(cfg, model, tokenizer, model_dir: str | Path, dist=None) -> RolloutEngine:
+def build_engine(cfg, model, tokenizer, model_dir: str | Path, dist=None, compute: str = "weights") -> RolloutEngine:
     """The engine that generates the trainer's rollouts. model_dir: the Hugging Face directory `model` was loaded
-    from (vLLM builds its copy from it); dist: grpo.parallel.Dist or None (one process)."""
+    from (vLLM builds its copy from it); dist: grpo.parallel.Dist or None (one process); compute: model.compute_dtype
+    resolved (models/compute.py), what the native sampler computes in, as the trainer's forwards do."""
     r = cfg.rollout
     if r.engine == "native":
         return Sampler(model, tokenizer, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                       max_prompt_tokens=cfg.data.max_prompt_tokens)
+                       max_prompt_tokens=cfg.data.max_prompt_tokens, compute=compute)
     if r.engine == "vllm":
         from grpo.rollout.vllm_engine import VllmEngine
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.errors import NonFiniteLogitsError
+from grpo.models.compute import compute_context
 from grpo.models.forward import cache_kwargs, output_cache, position_ids_from_mask
 from grpo.rollout.decode import LeanDecoder, expand_cache
 from grpo.tokens import prompt_token_ids
@@ -139,6 +140,9 @@ class Sampler:
     prompt (each group's samples then depend only on its own generator, whatever the batch around it).
     min_new_tokens: EOS cannot be sampled before this many tokens (as in `transformers`' generate); the
     benchmark sets it to max_new_tokens to fix the token count.
+    compute: what the forwards compute in, model.compute_dtype resolved (models/compute.py): "weights", or
+    "bfloat16" (float32 weights, bf16 products under autocast, each weight cast once per call; a bf16 KV cache), the
+    same computation as the trainer's, so the sampler's log-probs are the trainer's policy's (`rollout/logp_diff`).
     """
 
     model: torch.nn.Module
@@ -148,6 +152,7 @@ class Sampler:
     top_p: float = 1.0
     max_prompt_tokens: int | None = None
     min_new_tokens: int = 0
+    compute: str = "weights"
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Nothing to do: the sampler decodes with the training model itself (rollout/engine.py's contract)."""
@@ -171,7 +176,8 @@ class Sampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logps, lengths = self._decode(prompt_ids, prompt_mask, n, uniforms, temperature)
+            with compute_context(self.compute, device):  # autocast's weight casts are cached for the whole call
+                tokens, logps, lengths = self._decode(prompt_ids, prompt_mask, n, uniforms, temperature)
         finally:
             self.model.train(was_training)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -206,7 +212,9 @@ class Sampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logps, lengths = self._decode(ids.to(device), mask.to(device), 1, uniforms.to(device), temperature)
+            with compute_context(self.compute, device):
+                tokens, logps, lengths = self._decode(ids.to(device), mask.to(device), 1, uniforms.to(device),
+                                                      temperature)
         finally:
             self.model.train(was_training)
         eos = self.tokenizer.eos_token_id
@@ -225,7 +233,8 @@ class Sampler:
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, use_cache=True,
                     logits_to_keep=1)
         lean = LeanDecoder.for_model(model)
-        cache, grouped = expand_cache(output_cache(out), prompt_mask, n, T, grouped=lean is not None)
+        kv_dtype = torch.bfloat16 if self.compute != "weights" else None  # what bf16 attention takes its keys in
+        cache, grouped = expand_cache(output_cache(out), prompt_mask, n, T, grouped=lean is not None, dtype=kv_dtype)
         step = lean if grouped else None
         check_logits(model, out.logits[:, -1])  # once a call: a model with NaN/inf logits is named, not scored 0
         logits = out.logits[:, -1].repeat_interleave(n, 0)  # (N, V)

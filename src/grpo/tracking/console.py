@@ -153,9 +153,16 @@ class RunConsole:
                              "accuracies closer than about two of them may differ by chance")
         self.print_wide(table)
         if summary.get("memory/planned_peak_mb"):  # the plan printed at start (train/memory_plan.py), measured
-            self.print(f"[grpo] peak memory {summary['memory/peak_rss_mb'] / 1024:.1f} GiB (this process and its "
-                       f"children; planned {summary['memory/planned_peak_mb'] / 1024:.1f} GiB)",
-                   markup=False, highlight=False)
+            peak, limit = summary["memory/peak_rss_mb"], summary.get("memory/limit_mb")
+            self.print(f"[grpo] peak memory {peak / 1024:.1f} GiB (this process and its children; planned "
+                       f"{summary['memory/planned_peak_mb'] / 1024:.1f} GiB"
+                       + (f" within the {limit / 1024:.1f} GiB limit)" if limit else ")"),
+                       markup=False, highlight=False)
+            if limit and peak > limit:  # the plan met the limit, the run did not: say so, with what to change
+                self.print(f"[grpo] warning: the measured peak, {peak / 1024:.1f} GiB, was over train.memory_limit "
+                           f"({limit / 1024:.1f} GiB): the plan undercounted this run; set optim.micro_batch_tokens "
+                           "lower (or train.memory_limit lower, for a margin) to keep under it",
+                           markup=False, highlight=False)
 
     def print_wide(self, renderable) -> None:
         """Print `renderable` as wide as it needs when there is no terminal (a log): no value wrapped or cut."""

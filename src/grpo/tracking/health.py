@@ -20,8 +20,8 @@ CHECKS = {
     "logp_diff": (
         lambda m: m.get("rollout/logp_diff", 0.0) > 0.05,
         "the sampler's log-probabilities differ from the trainer's by {logp_diff:.3f} nats per token on the same "
-        "tokens: the two do not compute the same policy (low precision, a stale or differently loaded copy), so "
-        "the ratio and the advantages are off-policy. Try model.dtype=float32 or check how the model is loaded.",
+        "tokens: the two do not compute the same policy (another precision or engine, a stale or differently loaded "
+        "copy), so the updates are off-policy. " + "{logp_fix}",
     ),
     "kl": (
         lambda m: m.get("policy/kl", 0.0) > 1.0,
@@ -30,6 +30,9 @@ CHECKS = {
     ),
 }
 
+
+LOGP_FIX = ("model.compute_dtype=float32 computes the sampler and the trainer in float32; with rollout.engine=vllm, "
+            "algo.tis_cap=2 corrects for the engine's drift; else check how the model is loaded.")
 
 # The zero-spread warning's cause and fix, by where the prompts come from (a built-in task has difficulty levels;
 # a data set file has rows and reward functions).
@@ -69,7 +72,8 @@ class HealthMonitor:
         out = []
         cause, fix = ZERO_STD_ADVICE[self.data_file]
         values = dict(cause=cause, fix=fix, frac=metrics.get("adv/zero_std_frac", 0.0), trunc=metrics.get("rollout/truncated_frac", 0.0),
-                      kl=metrics.get("policy/kl", 0.0), logp_diff=metrics.get("rollout/logp_diff", 0.0))
+                      kl=metrics.get("policy/kl", 0.0), logp_diff=metrics.get("rollout/logp_diff", 0.0),
+                      logp_fix=LOGP_FIX)
         for name, (cond, text) in CHECKS.items():
             self._streak[name] = self._streak.get(name, 0) + 1 if cond(metrics) else 0
             if self._streak[name] >= self.patience and name not in self._fired:

@@ -176,3 +176,25 @@ def _num(x: float) -> str:
         return f"{x:g}"
     mantissa, exponent = f"{x:.6e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+AUTO_TIS_CAP = 2.0  # TRL's vllm_importance_sampling_cap and verl's usual cap
+
+
+def tis_cap_for(cfg, compute: str) -> tuple[object, str | None]:
+    """(cfg with algo.tis_cap=auto resolved, the note that says so or None). auto is AUTO_TIS_CAP where the sampler's
+    arithmetic is not the trainer's: bf16 compute (models/compute.py; the two round differently, by about 0.03
+    nats a token on SmolLM2-135M, as the trainer's own bf16 forwards differ between two micro-batch layouts) or
+    rollout.engine=vllm (other kernels), with rollout.top_p=1 (under top-p the engine's log-probs are of another
+    distribution); else off (None). A number or null is the user's and is kept."""
+    if cfg.algo.tis_cap != "auto":
+        return cfg, None
+    out = cfg.model_copy(deep=True)
+    differs = compute != "weights" or cfg.rollout.engine == "vllm"
+    out.algo.tis_cap = AUTO_TIS_CAP if differs and cfg.rollout.top_p == 1.0 else None
+    if out.algo.tis_cap is None:
+        return out, None
+    why = "the vLLM engine's kernels" if cfg.rollout.engine == "vllm" else "bf16 compute, whose rounding differs"
+    return out, (f"algo.tis_cap={AUTO_TIS_CAP:g} (auto: the sampler's log-probs are not the trainer's arithmetic, "
+                 f"{why} between the two; truncated importance sampling corrects each token's policy gradient for "
+                 "it, logged as policy/tis_weight_mean; algo.tis_cap=null turns it off)")

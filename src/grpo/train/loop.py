@@ -395,6 +395,8 @@ def _memory_summary(trainer) -> dict:
     if plan is not None:
         out |= {"memory/planned_peak_mb": round(plan.peak / 2**20, 1),
                 "memory/micro_batch_tokens": plan.micro_batch_tokens}
+        if plan.limit.bytes is not None:
+            out["memory/limit_mb"] = round(plan.limit.bytes / 2**20, 1)
     return out
 
 

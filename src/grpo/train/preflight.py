@@ -33,6 +33,7 @@ import torch
 
 from grpo.errors import HealthGuardError
 from grpo.rewards.runner import STATUS_CAUSES
+from grpo.tracking.health import LOGP_FIX
 
 
 class PreflightError(HealthGuardError):
@@ -229,7 +230,7 @@ def judge(stats: dict) -> list[Verdict]:
     if s["logp_gap"] is not None and s["logp_gap"] > 0.05:
         out.append(Verdict("warn", f"the sampler's log-probs differ from the trainer's by {s['logp_gap']:.3f} "
                                    "nats/token on the same tokens: the two do not compute the same policy, so "
-                                   "updates are off-policy; try model.dtype=float32 or check how the model is loaded"))
+                                   "updates are off-policy. " + LOGP_FIX))
     if s["completion_len_mean"] <= 1.0:
         out.append(Verdict("warn", f"completions are nearly empty ({s['completion_len_mean']:.1f} tokens on "
                                    "average, the end-of-sequence token included): the model ends at once; check the "

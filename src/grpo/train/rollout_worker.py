@@ -122,7 +122,8 @@ def build_producer(spec: WorkerSpec, stream_state: dict):
     """The worker's BatchProducer and policy, built as the trainer built its own (same config, model directory,
     prompts and rewards)."""
     from grpo.data.stream import PromptStream
-    from grpo.models.loading import load_policy
+    from grpo.models.compute import resolve_compute
+    from grpo.models.loading import check_device_and_dtype, load_policy
     from grpo.rewards import RewardRunner
     from grpo.rewards.code_exec import prepare_code_rewards
     from grpo.rollout.factory import build_engine
@@ -138,7 +139,8 @@ def build_producer(spec: WorkerSpec, stream_state: dict):
                            max_failure_frac=cfg.reward.max_failure_frac)
     stream = PromptStream(spec.train_prompts, cfg.train.seed)
     stream.load_state_dict(stream_state)
-    sampler = build_engine(cfg, policy, tokenizer, spec.model_dir)
+    sampler = build_engine(cfg, policy, tokenizer, spec.model_dir,  # computing as the trainer's sampler would
+                           compute=resolve_compute(cfg, *check_device_and_dtype(cfg)))
     env = task_environment(spec.env_task, tokenizer) if spec.env_task is not None else None
     dist = RankWithoutGroup(rank=spec.rank, world_size=spec.world_size)
     return BatchProducer(cfg, policy, sampler, tokenizer, env, rewards, stream, dist), policy

@@ -36,7 +36,7 @@ from grpo.tracking.progress import Phase
 from grpo.tracking.trackers import check_trackers
 from grpo.train.budget import check_step_fits
 from grpo.train.memory_plan import longest_prompt, plan_memory
-from grpo.train.defaults import lr_note, print_note, report_defaults
+from grpo.train.defaults import lr_note, print_note, report_defaults, tis_cap_for
 from grpo.train.optim import build_optimizer
 from grpo.tracking.rundir import check_output_dir
 from grpo.train.evaluate import evaluate_model, held_out_pool, split_held_out
@@ -82,6 +82,10 @@ class Trainer:
             print_note("model.compute_dtype=auto: this CPU multiplies bf16 natively, so the training forwards and "
                        "backwards run bf16 products (float32 weights, log-softmax and loss); model.compute_dtype="
                        "float32 turns it off", console)
+        self.cfg, note = tis_cap_for(cfg, self.compute)  # algo.tis_cap=auto: on where the sampler rounds otherwise
+        if note is not None:
+            print_note(note, console)
+        cfg = self.cfg
         check_step_fits(cfg, device, dtype, console.print if console is not None else None)  # positions, memory
         self.dist = init_distributed(cfg.parallel, cfg.model.device)  # torchrun: this rank's place; else 1 process
         check_parallel_config(cfg, self.dist)
@@ -105,8 +109,9 @@ class Trainer:
         t_model = time.perf_counter()
         path, self.model_source = policy_directory(cfg, self.task, console)  # the built-in model: shipped or warm-up
         # the planned peak (printed), optim.micro_batch_tokens from it when unset; refused when it cannot fit
+        episodes = callable(getattr(self.task, "environment_factory", None))  # an environment adds tokens: unknown
         cfg, self.memory_plan = plan_memory(cfg, path, device, dtype, longest_prompt(tokenizer(), self.train_prompts),
-                                            console)
+                                            console, completion_tokens=None if episodes else -1)
         self.cfg = cfg
         with Phase("loading the model", console=console if self.dist.rank == 0 else None):  # a log: a line a 10 s
             self.policy, self.tokenizer = load_policy(cfg, path)
@@ -135,7 +140,8 @@ class Trainer:
         self.train_model = wrap_policy(self.policy, self.dist, self.ref)  # DDP / FSDP2 under torchrun, else policy
         # one step's rollouts and rewards (rollout_source.py); sampler, env_factory, rewards and stream are its parts
         self.producer = BatchProducer(
-            cfg, self.policy, build_engine(cfg, self.policy, self.tokenizer, path, self.dist),  # native | vllm
+            cfg, self.policy, build_engine(cfg, self.policy, self.tokenizer, path, self.dist,  # native | vllm
+                                           compute=self.compute),  # the sampler computes as the update does
             self.tokenizer, task_environment(self.task, self.tokenizer),  # None: single-turn (train/episodes.py)
             RewardRunner(functions=reward_specs, timeout_s=cfg.reward.timeout_s, max_abs=cfg.reward.max_abs,
                          max_failure_frac=cfg.reward.max_failure_frac),
@@ -253,7 +259,7 @@ class Trainer:
                                  batch_size=self.cfg.eval.batch_size,
                                  max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
                                  max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress,
-                                 **env_limits(self.cfg))
+                                 compute=self.compute, **env_limits(self.cfg))
         if d.enabled:
             parts = d.gather((res["correct"], res["completions"]))
             correct, completions = d.unstride([c for c, _ in parts]), d.unstride([x for _, x in parts])

@@ -166,7 +166,8 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
                             level=algo.ratio_level, dual_clip=algo.dual_clip)
     weight = mask.sum() / num_tokens  # token share of this micro-batch, to average the metrics
     forward: dict[str, torch.Tensor] = {}
-    if algo.tis_cap is not None and batch.sampler_logp is not None:  # the engine's drift (algo/tis.py)
+    if isinstance(algo.tis_cap, float) and batch.sampler_logp is not None:  # the engine's drift (algo/tis.py);
+        # "auto" is resolved by the trainer (train/defaults.py tis_cap_for), unresolved it is off
         tis, tis_m = truncated_is_weight(old, batch.sampler_logp[rows_n], mask, cap=algo.tis_cap)
         token_loss = token_loss * tis
         forward["policy/tis_weight_mean"] = weight * tis_m["weight_mean"]
