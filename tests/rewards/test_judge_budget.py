@@ -141,6 +141,20 @@ def test_the_rows_parse_is_charged_to_each_of_its_completions(caplog):
     assert list(out) == [0.0] and f"{REASON} (no time left) while evaluating its checks" in caplog.text
 
 
+def test_a_row_whose_parse_and_its_repeat_cannot_fit_is_over_budget_at_once(monkeypatch, caplog, runs, no_leak):
+    """Every evaluation computes the expected side again: a row whose parse (with its dry run) fits the budget but
+    not twice is decided at its parse, once, instead of being killed at every completion of every step."""
+    caplog.set_level(logging.WARNING, logger="grpo.rewards")
+    test, value = "assert f(1) == len(str([[[[[0] * 22] * 22] * 22] * 22] * 22))", 15_951_716
+    took = plan_row([test]).judge_s  # the parse and its dry run, under the default budget: judged
+    assert code_tests([None], [program(str(value))], [[test]]) == [1.0] and len(runs) == 1
+    monkeypatch.setattr(code_exec, "_PLANS", {})
+    monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 1.5 * took)  # room for one parse, not for a parse and its repeat
+    out = code_tests([None], [program(str(value))], [[test]])
+    assert list(out) == [0.0] and out.extras["judge_budget_exceeded"] == [1.0]
+    assert REASON in caplog.text and len(runs) == 1  # not run (under load the parse itself may be what overran)
+
+
 def test_a_program_cannot_reach_the_judge_budget_by_what_it_prints_or_patches(no_leak):
     """The budget is the judge's, in the trainer: a program that prints the reason, patches time or sleeps up to
     its own timeout neither passes nor turns another completion's verdict."""

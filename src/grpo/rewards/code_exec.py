@@ -39,7 +39,8 @@ from typing import Any
 from grpo.rewards.base import RewardValues, completion_text, register_reward
 from grpo.scan import fenced_blocks
 from grpo.sandbox import SandboxUnavailable, TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
-from grpo.sandbox.budget import JUDGE_BUDGET_S, JUDGE_OVER_BUDGET, OverBudget, parse_budgeted
+from grpo.sandbox import budget
+from grpo.sandbox.budget import JUDGE_OVER_BUDGET, OverBudget, parse_budgeted
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
@@ -161,8 +162,8 @@ def code_tests(
             scores.append(passed / plan.n if partial else float(passed == plan.n))
     if over:
         logger.warning("code_tests: %s on %d of %d completions (the judge's %.3g s for parse + evaluation + start): "
-                       "they score 0 (first: completion %d: %s)", JUDGE_OVER_BUDGET, len(over), n, JUDGE_BUDGET_S,
-                       *over[0])
+                       "they score 0 (first: completion %d: %s)", JUDGE_OVER_BUDGET, len(over), n,
+                       budget.JUDGE_BUDGET_S, *over[0])
     frac = [len(p.unverifiable) / p.n if p.n else None for p in plans]
     exceeded = [None if s is None else 0.0 for s in scores]
     for i, _ in over:

@@ -15,8 +15,10 @@ One budget, JUDGE_BUDGET_S, holds the whole judgement of one completion: the wor
 wait for one, the parse of its row (with the dry run of every part of a check that does not depend on the program:
 the expected side, `round(5, -10**9)`) and the evaluation of its checks. A row is parsed once per process and the
 seconds its parse took (plan.judge_s, measured in the worker) are charged to every completion of the row, so each
-completion's evaluation gets what is left. At the deadline the parent SIGKILLs the worker and starts the next one
-at once (so the next request rarely waits for a start). The outcome is JUDGE_OVER_BUDGET, never a pass:
+completion's evaluation gets what is left; as an evaluation computes the dry run's parts again, a row whose parse
+plus its dry run reaches the budget is over budget at once (no completion of it could be judged within it). At the
+deadline the parent SIGKILLs the worker and starts the next one at once (so the next request rarely waits for a
+start). The outcome is JUDGE_OVER_BUDGET, never a pass:
   parse       the plan is marked over budget (plan.over_budget holds the reason; logged at WARNING naming the row):
               every completion of the row scores 0 without running, for as long as the process keeps the plan.
   evaluation  OverBudget is raised to the caller (verdict.calls_passed, then code_exec): that completion scores 0.
@@ -189,7 +191,9 @@ def parse_budgeted(tests: Any, entry_point: str | None = None, where: str = "a r
     completion of the row scores 0), with a WARNING naming `where`. A ValueError of parse_tests (a malformed row) is
     raised as is."""
     try:
-        plan, seconds = _ask("parse", (tests, entry_point), JUDGE_BUDGET_S)
+        (plan, dry_s), seconds = _ask("parse", (tests, entry_point), JUDGE_BUDGET_S)
+        if seconds + dry_s >= JUDGE_BUDGET_S:  # every evaluation computes the dry run's parts again
+            raise OverBudget(f"time: the parse took {seconds:.2f} s and each evaluation repeats {dry_s:.2f} s of it")
     except OverBudget as e:
         items = [tests] if isinstance(tests, (str, dict)) else list(tests or [])
         first = next((i for i in items if isinstance(i, str) and i.strip()), "")
@@ -248,8 +252,10 @@ def _worker_main() -> None:
         try:
             if kind == "parse":
                 plan = parse_tests(*payload)
+                t1 = time.perf_counter()
                 dry_run(plan)
-                reply = ("ok", plan, time.perf_counter() - t0)
+                t2 = time.perf_counter()
+                reply = ("ok", (plan, t2 - t1), t2 - t0)
             else:
                 tests, values, tol = payload
                 reply = ("ok", [evaluate_check(CallCheck("", (), t), v, tol) for t, v in zip(tests, values)],
