@@ -106,15 +106,16 @@ class _Worker:
     def _write(self, data: bytes, deadline: float) -> None:
         fd, view = self.proc.stdin.fileno(), memoryview(data)
         while view:
+            try:
+                view = view[os.write(fd, view):]
+                continue
+            except BlockingIOError:  # the pipe is full: wait for the worker to read, within the budget
+                pass
+            except OSError:
+                raise self._over(False) from None
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([], [fd], [], left)[1]:
                 raise self._over(True)
-            try:
-                view = view[os.write(fd, view):]
-            except BlockingIOError:
-                continue
-            except OSError:
-                raise self._over(False) from None
 
     def _read(self, n: int, deadline: float) -> bytes:
         out = bytearray()
