@@ -9,6 +9,8 @@ Each figure is the wall time of one `code_tests` call on one completion (the rew
   of a shared nested list), once as test text (the row's parse meets the cost) and once through the program's values
   (the evaluation meets it), each on a row the process has not seen, and for the test text the same row once more
   (the next step: the row's plan is kept);
+- the same shapes sized so that their expected side takes about 1.5-2.5 s here (under the 3 s parse budget the judge
+  had before, which then let every evaluation repeat that cost), with the honest program that returns its value;
 - the score, whether "judge budget exceeded" was logged, and each median's ratio to the honest program's (warm).
 Timings on a shared machine are noisy: compare the ratios of one run. The JSON goes only to --output (by default
 $GRPO_CACHE/bench-results/judge_budget.json) and is printed. Needs bubblewrap.
@@ -33,6 +35,11 @@ sys.path[:0] = [str(ROOT / "tests" / "rewards"), str(ROOT / "tests")]
 HONEST_ROW = ["assert f(0) == 1", "assert f(1) == 3", "assert f(4) == 9", "assert f(7) == 15"]
 HONEST = "```python\ndef f(x):\n    return 2 * x + 1\n```"
 REASON = "judge budget exceeded"
+NEAR = {  # (test, the value an honest f(1) returns): each expected side costs about 1.5-2.5 s on 2 cores
+    "round": ("assert f(1) == round(5, -4 * 10**6)", 0),
+    "sum_of_lists": ("assert f(1) == len(sum([[1] * 1000] * 1000, []))", 1_000_000),
+    "str_of_shared": ("assert f(1) == len(str([[[[[0] * 30] * 30] * 30] * 30] * 30))", 74_575_860),
+}
 
 
 class _Seen(logging.Handler):
@@ -87,6 +94,9 @@ def measure(repeats: int, timeout: float) -> dict:
     for name, (test, _, attack) in sorted(FROM_VALUES.items()):
         runs = [timed(code_tests, program(attack), [f"{test}  # {k}"], timeout, seen) for k in range(repeats)]
         shapes[f"{name}/program_values"] = summary(runs, honest_s)
+    for name, (test, value) in sorted(NEAR.items()):
+        runs = [timed(code_tests, program(repr(value)), [f"{test}  # {k}"], timeout, seen) for k in range(repeats)]
+        shapes[f"{name}/near_the_old_parse_budget"] = summary(runs, honest_s)
     logging.getLogger("grpo.rewards").removeHandler(seen)
     return {
         "judge_budget_s": getattr(budget, "JUDGE_BUDGET_S", None),
