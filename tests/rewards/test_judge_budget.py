@@ -11,6 +11,9 @@ budget shows that the budget, not the text, decided (scripts/judge_budget.py mea
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 
 import psutil
 import pytest
@@ -89,9 +92,9 @@ def test_each_stall_in_the_test_text_scores_0_with_the_reason_and_is_not_run(nam
     out = code_tests([None, None], [program("0"), program("1")], [row, row], partial=True, timeout=5.0)
     assert list(out) == [0.0, 0.0]
     assert out.extras["judge_budget_exceeded"] == [1.0, 1.0]
-    assert f"row 0: {REASON} (time: 0.5 s) while parsing its tests" in caplog.text
+    assert f"row 0: {REASON} (time: " in caplog.text and "while parsing its tests" in caplog.text
     assert f"{REASON} on 2 of 2 completions" in caplog.text
-    assert plan_row(row, None, 0).over_budget == f"{REASON} (time: 0.5 s)"  # kept: the next step pays nothing
+    assert plan_row(row, None, 0).over_budget.startswith(f"{REASON} (time: ")  # kept: the next step pays nothing
     assert runs == []  # a row over budget is not run: no sandbox time either
     assert_replaced(old)
 
@@ -108,7 +111,7 @@ def test_the_budget_is_what_stops_a_shape_an_honest_row_may_have(name, monkeypat
     monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 0.01)
     out = code_tests([None], [program(repr(value))], [[test]])
     assert list(out) == [0.0] and out.extras["judge_budget_exceeded"] == [1.0]
-    assert f"{REASON} (time: 0.01 s) while parsing" in caplog.text
+    assert f"{REASON} (time: " in caplog.text and "while parsing" in caplog.text
 
 
 @pytest.mark.parametrize("name", sorted(FROM_VALUES))
@@ -149,7 +152,7 @@ def test_a_row_whose_parse_and_its_repeat_cannot_fit_is_over_budget_at_once(monk
     took = plan_row([test]).judge_s  # the parse and its dry run, under the default budget: judged
     assert code_tests([None], [program(str(value))], [[test]]) == [1.0] and len(runs) == 1
     monkeypatch.setattr(code_exec, "_PLANS", {})
-    monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 1.5 * took)  # room for one parse, not for a parse and its repeat
+    monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 1.1 * took)  # room for one parse, not for a parse and its repeat
     out = code_tests([None], [program(str(value))], [[test]])
     assert list(out) == [0.0] and out.extras["judge_budget_exceeded"] == [1.0]
     assert REASON in caplog.text and len(runs) == 1  # not run (under load the parse itself may be what overran)
@@ -168,6 +171,43 @@ def test_a_program_cannot_reach_the_judge_budget_by_what_it_prints_or_patches(no
     codes = [f"```python\n{c}```" for c in cheats + [honest]]
     out = code_tests([None] * 4, codes, [row] * 4, partial=True, timeout=5.0)
     assert list(out) == [0.0, 0.0, 0.0, 1.0] and out.extras["judge_budget_exceeded"] == [0.0] * 4
+
+
+def test_a_judge_process_slow_to_start_is_given_one_more_try(monkeypatch, caplog, no_leak):
+    """A loaded machine can make the judge's start alone take the budget: the request is tried once more, so an
+    honest row is not kept as over budget for the rest of the process. A second overrun is one."""
+    caplog.set_level(logging.INFO, logger="grpo.rewards")
+    budget._worker.pop().kill()
+    with monkeypatch.context() as m:  # only this worker is slow: it sleeps past the budget before it starts
+        m.setattr(budget, "_WORKER_SRC", "import time\ntime.sleep(30)\n" + budget._WORKER_SRC)
+        budget._worker.append(budget._Worker())
+    slow = judge_pid()
+    out = code_tests([None], [program("1")], [["assert f(1) == 1"]])
+    assert list(out) == [1.0] and out.extras["judge_budget_exceeded"] == [0.0]
+    assert "did not start within" in caplog.text and REASON not in caplog.text
+    assert_replaced(slow)
+    caplog.clear()
+    monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 0.5)
+    out = code_tests([None], [program("0")], [[STALLS["round"]]])  # a started judge that overruns: no second try
+    assert list(out) == [0.0] and REASON in caplog.text and "did not start" not in caplog.text
+
+
+def test_a_judge_starved_of_cpu_past_the_budget_still_judges_an_honest_row(monkeypatch, no_leak):
+    """The budget stops a judge that computes; one the machine does not run (here: stopped for 1.5 budgets, as a
+    loaded machine would) gets up to STARVED_FACTOR budgets, so load alone never fails an honest completion."""
+    monkeypatch.setattr(budget, "JUDGE_BUDGET_S", 0.5)
+    row = ["assert f(1) == 1", "assert f(2) == 2"]
+    plan_row(row)
+    pid = judge_pid()
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(0.75, os.kill, (pid, signal.SIGCONT))
+    timer.start()
+    try:
+        out = code_tests([None], [program("x")], [row], timeout=5.0)
+    finally:
+        timer.join()
+        os.kill(pid, signal.SIGCONT)
+    assert list(out) == [1.0] and out.extras["judge_budget_exceeded"] == [0.0] and judge_pid() == pid
 
 
 def test_after_an_overrun_honest_verdicts_are_unchanged(monkeypatch):

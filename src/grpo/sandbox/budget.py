@@ -13,12 +13,15 @@ bytes).
 
 One budget, JUDGE_BUDGET_S, holds the whole judgement of one completion: the worker's start when a request has to
 wait for one, the parse of its row (with the dry run of every part of a check that does not depend on the program:
-the expected side, `round(5, -10**9)`) and the evaluation of its checks. A row is parsed once per process and the
+the expected side, `round(5, -10**9)`) and the evaluation of its checks. A row is parsed once per process and the CPU
 seconds its parse took (plan.judge_s, measured in the worker) are charged to every completion of the row, so each
 completion's evaluation gets what is left; as an evaluation computes the dry run's parts again, a row whose parse
-plus its dry run reaches the budget is over budget at once (no completion of it could be judged within it). At the
-deadline the parent SIGKILLs the worker and starts the next one at once (so the next request rarely waits for a
-start). The outcome is JUDGE_OVER_BUDGET, never a pass:
+plus its dry run reaches the budget is over budget at once (no completion of it could be judged within it). A
+request ends at its budget on the wall clock when the worker computed (at least a quarter of a core on average),
+else at STARVED_FACTOR times it: a machine too loaded to give the judge CPU does not fail an honest row whose
+judgement takes milliseconds, and a request whose worker had not even started by then is tried once more. The
+parent then SIGKILLs the worker and starts the next one at once (so the next request rarely waits for a start).
+The outcome is JUDGE_OVER_BUDGET, never a pass:
   parse       the plan is marked over budget (plan.over_budget holds the reason; logged at WARNING naming the row):
               every completion of the row scores 0 without running, for as long as the process keeps the plan.
   evaluation  OverBudget is raised to the caller (verdict.calls_passed, then code_exec): that completion scores 0.
@@ -53,6 +56,9 @@ JUDGE_BUDGET_S = 2.0  # one completion's judgement: the worker's start, its row'
 JUDGE_OVER_BUDGET = "judge budget exceeded"  # the reason a completion scores 0, in the reward log
 JUDGE_MEMORY_MB = 512  # address space the worker may add to what it holds after its start
 MAX_REPLY_BYTES = 16 * 1024 * 1024  # a parsed plan larger than this (pickled) is over budget
+STARVED_FACTOR = 2.0  # a request whose worker had under a quarter of a core is stopped at this times its budget
+POLL_S = 0.05  # past the budget, how often the worker's CPU time is read
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _HEADER = struct.Struct("<Q")
 
 
@@ -73,7 +79,8 @@ _worker_main()
 
 
 class _Worker:
-    """The judge process. It writes one byte when it is ready (its imports done), then answers requests."""
+    """The judge process. It writes one byte when it is ready (its imports done), then answers requests; each reply
+    carries the CPU seconds the request took and the process's CPU seconds so far."""
 
     def __init__(self) -> None:
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -82,28 +89,55 @@ class _Worker:
                                      stdout=subprocess.PIPE, env=env, close_fds=True)
         os.set_blocking(self.proc.stdin.fileno(), False)  # a request's bytes are written within its budget too
         self.ready = False
-        self.budget_s = 0.0
+        self.cpu_s = 0.0  # the process's CPU seconds after its last reply (0 before: its start is counted)
+        self.budget_s = self.t0 = 0.0
 
     def request(self, msg: Any, budget_s: float) -> tuple[str, Any, float]:
-        """(status, value, seconds the worker spent on it); OverBudget past budget_s, which counts from now and
-        holds the wait for the worker's start, the request's bytes and the reply's."""
-        self.budget_s, deadline = budget_s, time.monotonic() + budget_s
+        """(status, value, CPU seconds the worker spent on it); OverBudget past budget_s (see _wait), which counts
+        from now and holds the wait for the worker's start, the request's bytes and the reply's."""
+        self.budget_s, self.t0 = budget_s, time.monotonic()
         data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-        self._write(_HEADER.pack(len(data)) + data, deadline)
+        self._write(_HEADER.pack(len(data)) + data)
         if not self.ready:
-            self._read(1, deadline)
+            self._read(1)
             self.ready = True
-        head = self._read(_HEADER.size, deadline)
+        head = self._read(_HEADER.size)
         (n,) = _HEADER.unpack(head)
-        return pickle.loads(self._read(n, deadline))  # the worker runs only the judge's code: trusted
+        status, value, seconds, self.cpu_s = pickle.loads(self._read(n))  # only the judge's code ran: trusted
+        return status, value, seconds
 
-    def _over(self, timed_out: bool) -> OverBudget:
+    def _wait(self) -> float:
+        """How long to wait before looking again; OverBudget once the request is over its budget: at the budget
+        when the worker computed (at least a quarter of a core on average since the request began), else at
+        STARVED_FACTOR times it (a worker the machine starves of CPU, a slow start, is not what the budget is for)."""
+        wall, budget_s = time.monotonic() - self.t0, self.budget_s
+        if wall < budget_s:
+            return budget_s - wall
+        if wall >= STARVED_FACTOR * budget_s:
+            raise self._over(True, starved=True)
+        if self._cpu() - self.cpu_s >= budget_s / 4:
+            raise self._over(True)
+        return min(POLL_S, STARVED_FACTOR * budget_s - wall)
+
+    def _cpu(self) -> float:
+        """The worker's CPU seconds so far (user + system, from /proc); inf when they cannot be read."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            return float("inf")
+
+    def _over(self, timed_out: bool, starved: bool = False) -> OverBudget:
         if not timed_out:
             return OverBudget(f"the judge process ended (exit {self.proc.poll()})")
-        starting = "" if self.ready else "; the judge process was still starting"
-        return OverBudget(f"time: {self.budget_s:.3g} s{starting}")
+        if not self.ready:
+            return OverBudget(f"time: {STARVED_FACTOR * self.budget_s:.3g} s; the judge process was still starting")
+        if starved:
+            return OverBudget(f"time: {STARVED_FACTOR * self.budget_s:.3g} s, the judge process short of CPU")
+        return OverBudget(f"time: {self.budget_s:.3g} s")
 
-    def _write(self, data: bytes, deadline: float) -> None:
+    def _write(self, data: bytes) -> None:
         fd, view = self.proc.stdin.fileno(), memoryview(data)
         while view:
             try:
@@ -113,17 +147,14 @@ class _Worker:
                 pass
             except OSError:
                 raise self._over(False) from None
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [fd], [], left)[1]:
-                raise self._over(True)
+            select.select([], [fd], [], self._wait())
 
-    def _read(self, n: int, deadline: float) -> bytes:
+    def _read(self, n: int) -> bytes:
         out = bytearray()
         fd = self.proc.stdout.fileno()
         while len(out) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise self._over(True)
+            if not select.select([fd], [], [], self._wait())[0]:
+                continue
             chunk = os.read(fd, min(n - len(out), 1 << 20))
             if not chunk:
                 raise self._over(False)
@@ -148,19 +179,27 @@ _worker: list[_Worker] = []
 
 
 def _ask(kind: str, payload: Any, budget_s: float) -> tuple[Any, float]:
-    """The worker's answer to (kind, payload) and the seconds it spent on it; OverBudget when it overran (it is then
-    killed, and the next worker started at once) or failed. The budget starts once the request holds the lock."""
+    """The worker's answer to (kind, payload) and the CPU seconds it spent on it; OverBudget when it overran (it is
+    then killed, and the next worker started at once) or failed. The budget starts once the request holds the lock.
+    A request whose worker had not even started by the end of its wait (a loaded machine) is tried once more: a
+    slow start alone never fails a row or a completion; a second overrun does."""
     with _lock:
         if budget_s <= 0:
             raise OverBudget("no time left")
-        if not _worker:
-            _worker.append(_Worker())
-        try:
-            status, value, seconds = _worker[0].request((kind, payload), budget_s)
-        except OverBudget:
-            _worker.pop().kill()
-            _worker.append(_Worker())  # its start overlaps what the trainer does until the next request
-            raise
+        for attempt in (1, 2):
+            if not _worker:
+                _worker.append(_Worker())
+            worker = _worker[0]
+            try:
+                status, value, seconds = worker.request((kind, payload), budget_s)
+                break
+            except OverBudget:
+                _worker.pop().kill()
+                _worker.append(_Worker())  # its start overlaps what the trainer does until the next request
+                if worker.ready or attempt == 2:
+                    raise
+                logger.info("code_tests: the judge process did not start within %.3g s; trying once more",
+                            STARVED_FACTOR * budget_s)
     if status == "ok":
         return value, seconds
     if status == "value_error":
@@ -187,14 +226,14 @@ def _shutdown() -> None:
 
 
 def parse_budgeted(tests: Any, entry_point: str | None = None, where: str = "a row") -> TestPlan:
-    """parse_tests (and the dry run) in the judge process, within JUDGE_BUDGET_S; plan.judge_s holds the seconds
-    the worker spent on it. Over budget: a plan with nothing to run whose `over_budget` holds the reason (every
+    """parse_tests (and the dry run) in the judge process, within JUDGE_BUDGET_S; plan.judge_s holds the CPU
+    seconds the worker spent on it. Over budget: a plan with nothing to run whose `over_budget` holds the reason (every
     completion of the row scores 0), with a WARNING naming `where`. A ValueError of parse_tests (a malformed row) is
     raised as is."""
     try:
         (plan, dry_s), seconds = _ask("parse", (tests, entry_point), JUDGE_BUDGET_S)
         if seconds + dry_s >= JUDGE_BUDGET_S:  # every evaluation computes the dry run's parts again
-            raise OverBudget(f"time: the parse took {seconds:.2f} s and each evaluation repeats {dry_s:.2f} s of it")
+            raise OverBudget(f"time: the parse took {seconds:.2f} s of CPU and each evaluation repeats {dry_s:.2f} s")
     except OverBudget as e:
         items = [tests] if isinstance(tests, (str, dict)) else list(tests or [])
         first = next((i for i in items if isinstance(i, str) and i.strip()), "")
@@ -249,28 +288,29 @@ def _worker_main() -> None:
         if len(head) < _HEADER.size:
             return
         kind, payload = pickle.loads(stdin.read(_HEADER.unpack(head)[0]))
-        t0 = time.perf_counter()
+        cpu = time.process_time  # CPU seconds: what the judge computed, whatever else the machine runs
+        t0 = cpu()
         try:
             if kind == "parse":
                 plan = parse_tests(*payload)
-                t1 = time.perf_counter()
+                t1 = cpu()
                 dry_run(plan)
-                t2 = time.perf_counter()
-                reply = ("ok", (plan, t2 - t1), t2 - t0)
+                t2 = cpu()
+                reply = ("ok", (plan, t2 - t1), t2 - t0, t2)
             else:
                 tests, values, tol = payload
-                reply = ("ok", [evaluate_check(CallCheck("", (), t), v, tol) for t, v in zip(tests, values)],
-                         time.perf_counter() - t0)
+                checked = [evaluate_check(CallCheck("", (), t), v, tol) for t, v in zip(tests, values)]
+                reply = ("ok", checked, cpu() - t0, cpu())
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
             if len(data) > MAX_REPLY_BYTES:
-                data = pickle.dumps(("over", f"a reply of {len(data)} bytes", 0.0))
+                data = pickle.dumps(("over", f"a reply of {len(data)} bytes", 0.0, cpu()))
         except ValueError as e:
-            data = pickle.dumps(("value_error", str(e), 0.0))
+            data = pickle.dumps(("value_error", str(e), 0.0, cpu()))
         except MemoryError:
-            data = pickle.dumps(("over", f"memory: {JUDGE_MEMORY_MB} MB", 0.0))
+            data = pickle.dumps(("over", f"memory: {JUDGE_MEMORY_MB} MB", 0.0, cpu()))
         except RecursionError:
-            data = pickle.dumps(("over", "RecursionError", 0.0))
+            data = pickle.dumps(("over", "RecursionError", 0.0, cpu()))
         except Exception as e:  # noqa: BLE001 - a bug of the judge on odd text: over budget, the row trains on
-            data = pickle.dumps(("over", repr(e)[:200], 0.0))
+            data = pickle.dumps(("over", repr(e)[:200], 0.0, cpu()))
         stdout.write(_HEADER.pack(len(data)) + data)
         stdout.flush()
