@@ -56,6 +56,7 @@ SOURCES = {
     "bench/results/out_of_scope_parsers.json": ("scripts/out_of_scope_parsers.py",
                                                 "bench/results/out_of_scope_parsers.json"),
     "bench/results/round_three.json": ("scripts/round_three_figures.py", "bench/results/round_three.json"),
+    "bench/results/judge_budget*.json": ("scripts/judge_budget.py", "bench/results/judge_budget.json"),
 }
 
 README = "README.md"
@@ -98,6 +99,21 @@ MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
 PRECISION_LEARNING = "bench/results/precision_learning.json"
+JUDGE = "bench/results/judge_budget.json"
+JUDGE_BEFORE = "bench/results/judge_budget_d413776.json"  # the same script on the code before issue #51
+
+
+def _shapes(kind: str, key: str = "median_s") -> Callable:
+    """The judge_budget.json figure `key` of every shape of one kind (test_text, program_values, ...)."""
+    return lambda d: [v[key] for k, v in d["shapes"].items() if k.endswith("/" + kind)]
+
+
+def _lo(kind: str, key: str = "median_s") -> Callable:
+    return lambda d: min(_shapes(kind, key)(d))
+
+
+def _hi(kind: str, key: str = "median_s") -> Callable:
+    return lambda d: max(_shapes(kind, key)(d))
 
 
 def _entry(d, name: str) -> dict:
@@ -587,12 +603,35 @@ FIGURES = [
       "Cost: a round trip of {overhead.judge_process_ms_per_completion:.2f} ms per completion (4 checks; "
       "{overhead.in_thread_ms_per_completion:.2f} ms in the thread)"),
     F("docs/rewards.md", "bench/results/round_three.json",
-      "Now {lo:.1f}-{hi:.1f} s per call (the 3 s budget and a 2 s sandbox run), the trainer's own allocations peak "
-      "at {budget.seven_lists_trainer_peak_mb:.1f} MB on the seven lists",
+      "Now {lo:.2f}-{hi:.2f} s per call (the judge's 2 s budget; a row over it is not run), the trainer's own "
+      "allocations peak at {budget.seven_lists_trainer_peak_mb:.1f} MB on the seven lists",
       lo=lambda d: min(v for k, v in d["budget"].items() if k.endswith("_s")),
       hi=lambda d: max(v for k, v in d["budget"].items() if k.endswith("_s"))),
     F("docs/rewards.md", "bench/results/round_three.json",
       "Now {ipc.sem_bytes} bytes of each (`bench/results/round_three.json`)"),
+    # docs/rewards.md: one budget for the judgement of a completion (issue #51; scripts/judge_budget.py)
+    F("docs/rewards.md", JUDGE,
+      "are answered in {lo:.2f}-{hi:.2f} s, at most {ratio:.0f}x the honest program's {honest.median_s:.2f} s (the "
+      "built-in code task's row; {honest.first_call_s:.2f} s at the process's first call, the judge's start "
+      "included), and in {again:.1f} ms when the same row comes again; sized near the old 3 s parse budget in "
+      "{near_lo:.2f}-{near_hi:.2f} s; through the program's values in {values_lo:.2f}-{values_hi:.2f} s",
+      lo=_lo("test_text"), hi=_hi("test_text"), ratio=_hi("test_text", "ratio_to_honest"),
+      again=lambda d: 1e3 * max(v["same_row_again"]["median_s"] for k, v in d["shapes"].items() if k.endswith("text")),
+      near_lo=_lo("near_the_old_parse_budget"), near_hi=_hi("near_the_old_parse_budget"),
+      values_lo=_lo("program_values"), values_hi=_hi("program_values")),
+    F("docs/rewards.md", JUDGE_BEFORE,
+      "{lo:.1f}-{hi:.1f} s for the shapes in the test text and {again_lo:.1f}-{again_hi:.1f} s each time the row came "
+      "again (it was unverifiable and ran in the sandbox up to the harness's deadline), {near_lo:.1f}-{near_hi:.1f} s "
+      "near the old parse budget, {values_lo:.2f}-{values_hi:.2f} s through the program's values, and "
+      "{honest.median_s:.2f} s for the honest program",
+      lo=_lo("test_text"), hi=_hi("test_text"),
+      again_lo=lambda d: min(v["same_row_again"]["median_s"] for k, v in d["shapes"].items() if k.endswith("text")),
+      again_hi=lambda d: max(v["same_row_again"]["median_s"] for k, v in d["shapes"].items() if k.endswith("text")),
+      near_lo=_lo("near_the_old_parse_budget"), near_hi=_hi("near_the_old_parse_budget"),
+      values_lo=_lo("program_values"), values_hi=_hi("program_values")),
+    F("docs/rewards.md", JUDGE_BEFORE, "was killed at 2 s: {near_lo:.1f}-{near_hi:.1f} s a completion, every step; "
+      "`bench/results/judge_budget_d413776.json`)",
+      near_lo=_lo("near_the_old_parse_budget"), near_hi=_hi("near_the_old_parse_budget")),
     # docs/async.md: rollout.mode=async against sync (grpo.bench.async_rollouts), quiet and loaded
     F(ASYNC_DOC, ASYNC, "{table}", table=_async_table),
     F(ASYNC_DOC, ASYNC_LOADED, "{table}", table=_async_table),

@@ -1,7 +1,8 @@
 """Issue #40, row 4: whatever the judge computes from test text runs in its own process under a time and a real
 memory budget (grpo.sandbox.budget), never in the trainer's thread; constants are substituted with a size bound; a
-row over budget is unverifiable, named in the log, and the call returns in bounded time. Each case of the issue's
-row is a test with a time bound (before the change each one stalled the calling thread, or raised)."""
+row over budget scores 0 with the reason (issue #51: it was unverifiable, run in the sandbox), named in the log, and
+the call returns in bounded time. Each case of the issue's row is a test with a generous time bound (before the
+change each one stalled the calling thread, or raised); tests/rewards/test_judge_budget.py holds issue #51's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from grpo.sandbox.checks import parse_tests
 
 HONEST = "```python\ndef f(x):\n    return 0\n```"
 RUN_S = 2.0  # each program's sandbox timeout here
-LIMIT_S = budget.PARSE_BUDGET_S + budget.EVAL_BUDGET_S + RUN_S + 5.0  # budgets, one sandbox run, a worker's start
+LIMIT_S = budget.JUDGE_BUDGET_S + RUN_S + 5.0  # the judge's budget, one sandbox run, slack for a loaded machine
 
 
 def within(limit_s: float, fn, *args, **kw):
@@ -43,15 +44,15 @@ STALLS = {
 
 
 @pytest.mark.parametrize("name", sorted(STALLS))
-def test_a_costly_expected_side_is_unverifiable_and_the_call_returns(name, caplog):
+def test_a_costly_expected_side_is_over_budget_and_the_call_returns(name, caplog):
     caplog.set_level(logging.WARNING, logger="grpo.rewards")
     test = STALLS[name]
     scores, took = within(LIMIT_S, code_tests, [None], [HONEST], [[test, "assert f(2) == 0"]], partial=True,
                           timeout=RUN_S)
-    assert "over the judge's budget" in caplog.text and "row 0" in caplog.text
+    assert "judge budget exceeded" in caplog.text and "row 0" in caplog.text
     plan = plan_row([test, "assert f(2) == 0"], None, 0)  # kept: parsed once per process
-    assert plan.unverifiable == [test, "assert f(2) == 0"] and not plan.calls
-    assert scores[0] is not None  # judged inside now (the program's process meets the same cost, under its kill)
+    assert plan.over_budget.startswith("judge budget exceeded") and not plan.n
+    assert scores == [0.0]  # never unverifiable (forgeable) or missing: 0, even with partial=True
 
 
 def test_values_within_the_build_budget_do_not_grow_the_trainer(caplog):
@@ -66,7 +67,7 @@ def test_values_within_the_build_budget_do_not_grow_the_trainer(caplog):
     finally:
         tracemalloc.stop()
     assert peak < 50 << 20, f"the trainer's Python allocations peaked at {peak >> 20} MB"
-    assert "over the judge's budget" in caplog.text
+    assert "judge budget exceeded (memory" in caplog.text
 
 
 def test_constants_substituted_into_each_other_are_bounded():

@@ -16,7 +16,10 @@ A row's tests are split by grpo.sandbox.checks.parse_tests:
 
 Reward: the fraction of the row's tests passed (partial=True), else 1.0 if all passed and 0.0 otherwise; never
 above 1. A completion without a fenced code block, a timeout, a crash, a forged or missing frame: 0.0 (the
-program's fault). None (no signal) when the sandbox itself failed (status sandbox_error) or the row has no tests.
+program's fault). A judgement past the judge's budget (grpo.sandbox.budget.JUDGE_BUDGET_S for the row's parse, the
+checks' evaluation and the judge process's start): 0.0 with the reason "judge budget exceeded" logged at WARNING,
+and counted in `reward/<name>/judge_budget_exceeded`; a row whose parse ran past it is not run at all. None (no
+signal) when the sandbox itself failed (status sandbox_error) or the row has no tests.
 Without bubblewrap the function refuses (SandboxUnavailable) unless an unsafe backend is named: `backend=` or
 reward.sandbox=unsafe_local (grpo.sandbox.set_sandbox_mode).
 The programs run concurrently (max_workers threads, each waiting on its own sandbox process); the function is marked
@@ -36,7 +39,8 @@ from typing import Any
 from grpo.rewards.base import RewardValues, completion_text, register_reward
 from grpo.scan import fenced_blocks
 from grpo.sandbox import SandboxUnavailable, TestPlan, VerdictOptions, calls_passed, io_passed, resolve_backend
-from grpo.sandbox.budget import parse_budgeted
+from grpo.sandbox import budget
+from grpo.sandbox.budget import JUDGE_OVER_BUDGET, OverBudget, parse_budgeted
 
 __all__ = ["code_tests", "extract_code", "plan_row", "unverifiable_rows", "prepare_code_rewards"]
 
@@ -109,7 +113,8 @@ def code_tests(
     row without tests. `timeout` and `memory_mb` are per program; float_tol: relative and absolute tolerance of
     == where a float is involved (0: exact); site_packages=False runs on the standard library alone (starts
     faster); backend: name a sandbox backend (unshare/rlimit run without isolation, with a warning).
-    The result carries `extras["unverifiable_frac"]`: per sample, the share of its tests judged inside."""
+    The result carries `extras["unverifiable_frac"]`: per sample, the share of its tests judged inside, and
+    `extras["judge_budget_exceeded"]`: 1.0 where the judgement ran past the judge's budget (that sample scores 0)."""
     if not float_tol >= 0:
         raise ValueError(f"code_tests: float_tol must be >= 0, got {float_tol!r}")
     n = len(completions)
@@ -126,7 +131,8 @@ def code_tests(
         if key not in cache:
             cache[key] = plan_row(t, ep, i)
         plans.append(cache[key])
-    codes = [extract_code(completion_text(c)) if p.n else None for c, p in zip(completions, plans)]
+    codes = [extract_code(completion_text(c)) if p.n and not p.over_budget else None
+             for c, p in zip(completions, plans)]
     workers = max(1, max_workers or min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpo-code") as pool:
         jobs: list[list] = []
@@ -139,8 +145,13 @@ def code_tests(
             jobs.append(row)
         counts = [[_outcome(f) for f in row] for row in jobs]
     scores: list[float | None] = []
-    for code, plan, got in zip(codes, plans, counts):
-        if not plan.n:
+    over: list[tuple[int, str]] = []  # (sample, reason): the judgement ran past the judge's budget
+    for i, (code, plan, got) in enumerate(zip(codes, plans, counts)):
+        reason = plan.over_budget or next((str(c) for c in got if isinstance(c, OverBudget)), "")
+        if reason:
+            scores.append(0.0)  # never a pass, never missing: a policy cannot trade a wrong answer for no signal
+            over.append((i, reason if plan.over_budget else f"{reason} while evaluating its checks"))
+        elif not plan.n:
             scores.append(None)
         elif code is None:
             scores.append(0.0)
@@ -149,20 +160,29 @@ def code_tests(
         else:
             passed = min(sum(got), plan.n)
             scores.append(passed / plan.n if partial else float(passed == plan.n))
+    if over:
+        logger.warning("code_tests: %s on %d of %d completions (the judge's %.3g s for parse + evaluation + start): "
+                       "they score 0 (first: completion %d: %s)", JUDGE_OVER_BUDGET, len(over), n,
+                       budget.JUDGE_BUDGET_S, *over[0])
     frac = [len(p.unverifiable) / p.n if p.n else None for p in plans]
-    return RewardValues(scores, extras={"unverifiable_frac": frac})
+    exceeded = [None if s is None else 0.0 for s in scores]
+    for i, _ in over:
+        exceeded[i] = 1.0
+    return RewardValues(scores, extras={"unverifiable_frac": frac, "judge_budget_exceeded": exceeded})
 
 
 code_tests.in_process = True  # type: ignore[attr-defined]
 
 
-def _outcome(job: Any) -> int | None:
-    """A job's count; None (no signal for that sample only) when it raised something other than SandboxUnavailable:
-    one bad sample never stops the call."""
+def _outcome(job: Any) -> int | OverBudget | None:
+    """A job's count; the OverBudget it raised (the sample scores 0); None (no signal for that sample only) when it
+    raised anything else but SandboxUnavailable: one bad sample never stops the call."""
     try:
         return job.result()
     except SandboxUnavailable:
         raise
+    except OverBudget as e:
+        return e
     except Exception as e:  # noqa: BLE001 - logged; the other samples are scored
         logger.warning("code_tests: a sample's run raised %s: %s (that sample scores None)", type(e).__name__, e)
         return None

@@ -78,6 +78,8 @@ class TestPlan:
     io: list[IOCheck] = field(default_factory=list)
     unverifiable: list[str] = field(default_factory=list)
     prelude: list[str] = field(default_factory=list)  # import statements, run in the sandbox after the solution
+    judge_s: float = 0.0  # CPU seconds the judge spent parsing the row (budget.py): charged to each completion
+    over_budget: str = ""  # why the row's parse ran past the judge's budget: its completions score 0, unrun
 
     @property
     def n(self) -> int:

@@ -36,7 +36,9 @@ def harness_budget(timeout: float) -> float:
 
 
 def calls_passed(code: str, plan: TestPlan, opts: VerdictOptions) -> int | None:
-    """Tests passed among the row's call checks and unverifiable tests (one sandbox run); None: no signal."""
+    """Tests passed among the row's call checks and unverifiable tests (one sandbox run); None: no signal. Raises
+    budget.OverBudget when the checks' evaluation ran past what the row's parse left of the judge's budget (the
+    completion then scores 0)."""
     key = secrets.token_bytes(32)
     holes = [h for c in plan.calls for h in c.holes]
     program = build_harness(code, holes, plan.unverifiable, plan.prelude, harness_budget(opts.timeout))
@@ -60,7 +62,7 @@ def calls_passed(code: str, plan: TestPlan, opts: VerdictOptions) -> int | None:
     for check in plan.calls:
         per_check.append({j: values[offset + j] for j in range(len(check.holes)) if offset + j in values})
         offset += len(check.holes)
-    passed = sum(evaluate_budgeted(plan.calls, per_check, opts.float_tol))  # in the judge process (budget.py)
+    passed = sum(evaluate_budgeted(plan.calls, per_check, opts.float_tol, plan.judge_s))  # the judge process
     for j in range(len(plan.unverifiable)):
         passed += frame.results.get(len(holes) + j, (False, ""))[0]
     return passed
