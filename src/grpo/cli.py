@@ -324,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "with --async-rollouts: training steps per run (default 40)")
     b.add_argument("--repeats", type=int, default=None, help="with --versus-trl: processes per method (default 3); "
                    "with --async-rollouts: seeds (default 3)")
+    b.add_argument("--prompts", type=int, default=None, help="with --versus-trl: P, prompts per step (default 4)")
+    b.add_argument("--group", type=int, default=None, help="with --versus-trl: G, completions per prompt (default 8)")
+    b.add_argument("--max-new-tokens", type=int, default=None, help="with --versus-trl: T (default 32)")
+    b.add_argument("--before", default=None, metavar="REV", help="with --versus-trl: also this project's code at git "
+                   "revision REV (e.g. 581fde8), the same worker, as 'before'")
     b.set_defaults(func=_bench)
     r = sub.add_parser("report", help="a self-contained HTML page of a run")
     r.add_argument("run_dir")

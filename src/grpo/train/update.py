@@ -64,6 +64,12 @@ class PolicyBatch:
     def num_groups(self) -> int:
         return self.prompt_ids.shape[0]
 
+    def forward_tokens(self, model) -> int:
+        """The tokens one forward over the batch computes (padding included): each prompt once and the N completions
+        (P*L + N*T), or every row in full when the prompt cannot be shared (FSDP2: N*(L+T))."""
+        (P, L), (N, T) = self.prompt_ids.shape, self.completion_ids.shape
+        return P * L + N * T if _logits_fn(model) is completion_logits else N * (L + T)
+
     def group_chunks(self, token_budget: int | None, shared_prefix: bool = True):
         """Micro-batches of about `token_budget` tokens each, as (prompt rows, completion rows, rows per prompt):
         consecutive whole groups when one fits (a group costs L + G*T tokens when its prompt is computed once, the
