@@ -127,7 +127,7 @@ def versus_trl(mp):
     pytest.importorskip("trl")
     from grpo.bench import versus_trl
 
-    mp.setattr(versus_trl, "run", lambda spec, log: {})
+    mp.setattr(versus_trl, "run", lambda spec, log, before=None: {})
     mp.setattr(versus_trl, "table", lambda result: "")
     return (lambda: grpo_main(["bench", "--versus-trl", "--quick"]), "versus_trl.json",
             "bench/results/versus_trl_builtin.json")

@@ -5,7 +5,10 @@
     python -m grpo.bench.precision_learning --model DIR [...]
         model.compute_dtype=float32 against bfloat16            (results: bench/results/precision_learning.json)
         (bfloat16 where this CPU multiplies bf16 natively; elsewhere bfloat16_emulated, bf16's roundings computed
-        with float32 products: the learning is bf16's, the seconds are not, and the file says which ran)
+        with float32 products: the learning is bf16's, the seconds are not, and the file says which ran; bf16
+        compute samples in bf16 too, and algo.tis_cap=auto corrects for the sampler's other rounding)
+    python -m grpo.bench.correction_learning --model DIR [...]
+        bf16 compute with algo.tis_cap=null against 2          (results: bench/results/correction_learning.json)
 
 Without --output the results go to <GRPO_CACHE>/bench-results/ under the same name: the committed files above, which
 the docs quote, are rewritten only with --output naming them.
@@ -59,6 +62,13 @@ def comparison(name: str) -> Comparison:
         return Comparison("compute", {"float32": ["model.compute_dtype=float32"],
                                       "bfloat16": [f"model.compute_dtype={bf16}"]},
                           "difference_bf16_minus_float32", "bench/results/precision_learning.json")
+    if name == "correction":  # bf16 compute's sampler rounds otherwise than its trainer: TIS on it or not
+        from grpo.models.precision import cpu_native_bf16
+
+        bf16 = "bfloat16" if cpu_native_bf16() else "bfloat16_emulated"
+        return Comparison("correction", {"tis_off": [f"model.compute_dtype={bf16}", "algo.tis_cap=null"],
+                                         "tis_2": [f"model.compute_dtype={bf16}", "algo.tis_cap=2"]},
+                          "difference_tis_minus_none", "bench/results/correction_learning.json")
     raise ValueError(f"unknown comparison {name!r}")
 
 
@@ -216,7 +226,8 @@ def run(spec: dict, output: Path, compare: Comparison, log=print) -> dict:
 
 
 def main(argv=None, compare_name: str | None = None) -> int:
-    """`python -m grpo.bench.optimizer_learning` / `precision_learning` (compare_name), and the workers' entry."""
+    """`python -m grpo.bench.optimizer_learning` / `precision_learning` / `correction_learning` (compare_name), and the
+    workers' entry."""
     prog = f"python -m grpo.bench.{compare_name or 'paired'}_learning"
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -232,7 +243,7 @@ def main(argv=None, compare_name: str | None = None) -> int:
         print(json.dumps(train(w["spec"], w["job"])))
         return 0
     if compare_name is None:
-        p.error("run python -m grpo.bench.optimizer_learning or grpo.bench.precision_learning")
+        p.error("run python -m grpo.bench.optimizer_learning, precision_learning or correction_learning")
     if not a.model:
         p.error("--model DIR is required")
     from grpo.bench.results import results_path, wrote
