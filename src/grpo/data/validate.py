@@ -9,7 +9,8 @@ section 9, cases 12-14), so a bad row fails the run at start, naming itself, ins
 
 An error is a `DataError` naming the split, the row (index and uid) and the column. With
 `data.filter_long_prompts=true` empty and over-long prompts are dropped instead, and the count is logged; a
-missing column is always an error (a reward function could not score the row).
+missing column is always an error (a reward function could not score the row). A run that would draw each train
+prompt more than 1,000 times is warned about.
 """
 
 from __future__ import annotations
@@ -103,7 +104,22 @@ def check_rows(train: list[Prompt], test: list[Prompt], reward_specs, cfg) -> tu
                             "fix the data or set data.filter_long_prompts=true to drop them")
         out.append(_drop(split, prompts, empty, "empty"))
     _enough(out[0], out[1], cfg, " after dropping empty prompts")
+    _warn_passes(out[0], cfg)
     return out[0], out[1]
+
+
+MAX_PASSES = 1000  # passes over the train prompts past which a run is warned about (train.steps' description)
+
+
+def _warn_passes(train: list[Prompt], cfg) -> None:
+    """A warning when train.steps x rollout.prompts_per_step draws each train prompt more than MAX_PASSES times:
+    more steps than the data can hold (the model would learn the prompts by heart long before the end)."""
+    steps, P = cfg.train.steps, cfg.rollout.prompts_per_step
+    passes = steps * P / len(train)
+    if passes > MAX_PASSES:
+        log.warning("train.steps=%d x rollout.prompts_per_step=%d draws each of the %d train prompts about %.3g "
+                    "times, more than %d passes over the data: lower train.steps or give more data", steps, P,
+                    len(train), passes, MAX_PASSES)
 
 
 def max_token_chars(tokenizer) -> int:
