@@ -289,7 +289,7 @@ def test_a_prompt_too_long_names_the_file_line(model_dir, tmp_path, capsys):  # 
     path = data_file(tmp_path, "t.jsonl", b"\n" + rows_jsonl(rows))  # row i on line i + 2
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "data.test_fraction=0.3",
                           "reward.functions=[exact_answer]", "data.max_prompt_tokens=16"), capsys)
-    assert code == EXIT_USER and f"(uid 't.jsonl:{i}', t.jsonl line {i + 2}): column 'prompt' has" in err, err
+    assert code == EXIT_USER and f"grpo: t.jsonl line {i + 2}: column 'prompt' has" in err, err
 
 
 @pytest.mark.parametrize(("role", "words"), [("wizard", "has role 'wizard'; a chat template knows the roles system, "
@@ -301,7 +301,7 @@ def test_message_roles_are_checked(role, words, model_dir, tmp_path, capsys):  #
     path = data_file(tmp_path, "chat.jsonl", rows_jsonl(rows))
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
                     capsys)
-    assert code == EXIT_USER and f"{path.name} line 5: message 0 of column 'prompt' {words}" in err, err
+    assert code == EXIT_USER and f"{path.name} line 5: message 1 of column 'prompt' {words}" in err, err
 
 
 # ------------------------------------------------------------------ CRASH / UNCLEAR: GGUF files cut short

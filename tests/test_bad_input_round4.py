@@ -9,15 +9,17 @@ with a file at the moment the test names."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from test_bad_input import GOOD, SMALL, data_file, run, small
 
-from grpo.errors import EXIT_USER
+from grpo.errors import EXIT_OK, EXIT_USER
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,81 @@ def model_dir(tmp_path_factory) -> Path:
         build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+# ---------------------------------------------------------------- items 3 and 6: one number for a row
+
+
+def chat_model(model_dir: Path, tmp_path: Path, template: str | None) -> Path:
+    """A copy of the tiny model whose chat template is `template` (None: no template)."""
+    path = Path(shutil.copytree(model_dir, tmp_path / "chat-model"))
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    if template is not None:
+        (path / "chat_template.jinja").write_text(template)
+    return path
+
+
+def chat_rows(n: int = 20, system_at: int | None = None) -> bytes:
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}], "answer": str(i + 1)} for i in range(n)]
+    if system_at is not None:
+        rows[system_at]["prompt"].insert(0, {"role": "system", "content": "Be brief."})
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_a_row_too_long_is_named_by_its_file_line_only(model_dir, tmp_path, capsys):
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    rows[14]["prompt"] = "What is " + " + ".join(["1"] * 60) + "?"  # 14 rows before it: line 15
+    path = data_file(tmp_path, "long.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]",
+                          "data.test_fraction=0.01", "data.max_prompt_tokens=100"), capsys)
+    assert code == EXIT_USER
+    assert re.search(r"grpo: long\.jsonl line 15: column 'prompt' has \d+ tokens, outside 1\.\.data\.max_prompt_tokens"
+                     r"=100", err), err
+    assert "row 14" not in err and "uid" not in err and "long.jsonl:14" not in err, err
+
+
+def test_rows_dropped_by_the_filter_are_named_by_their_lines(model_dir, tmp_path, capsys, caplog):
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(20)]
+    rows[6]["prompt"] = "What is " + " + ".join(["1"] * 60) + "?"
+    path = data_file(tmp_path, "long.jsonl", b"\n" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    with caplog.at_level(logging.WARNING, logger="grpo.data"):
+        code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]",
+                              "data.test_fraction=0.01", "data.max_prompt_tokens=100",
+                              "data.filter_long_prompts=true", "train.steps=1"), capsys)
+    assert code == EXIT_OK, err
+    assert "dropped 1 of 19 train prompts" in caplog.text and "long.jsonl line 8 (" in caplog.text, caplog.text
+
+
+def test_a_conversation_for_a_model_without_a_template_names_the_editor_line(model_dir, tmp_path, capsys):
+    plain = chat_model(model_dir, tmp_path, None)
+    path = data_file(tmp_path, "train_chat.jsonl", chat_rows())
+    code, err = run(small(plain, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"), capsys)
+    assert code == EXIT_USER
+    assert "grpo: train_chat.jsonl line 1: the prompt is a conversation (a list of messages) but the tokenizer of " \
+           "model.name has no chat_template" in err, err
+    assert "train_chat.jsonl:0" not in err
+
+
+def test_file_rows_have_the_file_line_as_their_uid_and_json_arrays_too(tmp_path):
+    from grpo.data.files import FileTask
+
+    rows = [{"prompt": f"q{i}", "answer": "1"} for i in range(6)]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # a blank first line: row k on line k + 2
+    array = tmp_path / "d.json"
+    array.write_text(json.dumps(rows, indent=1))  # "[", then each object over 4 lines from line 2
+    for path, first, step in ((jsonl, 2, 1), (array, 2, 4)):
+        task = FileTask(str(path), reward_functions=["exact_answer"], test_fraction=0.5)
+        got = {p.uid: p.where for p in task.split("train", 99) + task.split("test", 99)}
+        want = {f"{path.name}:{first + k * step}": f"{path.name} line {first + k * step}" for k in range(6)}
+        assert got == want
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text('[{"prompt": "q", "answer": "1"},\n\n 7]')
+    with pytest.raises(ValueError, match=r"mixed\.json line 3: a number in the array"):
+        FileTask(str(mixed), reward_functions=["exact_answer"])
 
 
 # ---------------------------------------------------------------- item 4: non-finite settings and weights
