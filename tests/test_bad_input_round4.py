@@ -139,6 +139,55 @@ def test_every_float_setting_refuses_inf_and_nan():
                 load_config(None, [f"{key}={value}"])
 
 
+# ---------------------------------------------------------------- item 5: a chat template that fails on a row
+
+RAISES = "{{ raise_exception('this model needs a system message first') }}"
+ROLES = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+         "{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+         "{% endif %}")
+
+
+@pytest.mark.parametrize(("template", "line", "words"), [
+    (RAISES, 1, "this model needs a system message first [TemplateError]; fix the row's messages"),
+    (ROLES, 8, "System role not supported [TemplateError]; fix the row's messages (their roles and order)"),
+    ("{% for m in messages %}{{ m['role'] }", 1, "unexpected '}' (line 1 of the template) [TemplateSyntaxError]; the "
+                                                 "template does not parse: fix it"),
+])
+def test_a_chat_template_that_fails_on_a_row_is_one_line(template, line, words, model_dir, tmp_path, capsys):
+    model = chat_model(model_dir, tmp_path, template)
+    path = data_file(tmp_path, "train_chat.jsonl", chat_rows(system_at=7))  # a system message on line 8
+    code, err = run(small(model, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"), capsys)
+    assert code == EXIT_USER, err
+    assert f"grpo: the chat template of the model {model} ({model / 'chat_template.jinja'}) fails on " \
+           f"train_chat.jsonl line {line}: {words}" in err, err  # the first train row it fails on
+    assert len(err.strip().splitlines()) == 1 and "jinja2" not in err
+    assert not (tmp_path / "run").exists()
+    if template != ROLES:  # grpo eval renders the held-out rows: the first of them
+        code, err = run(["eval", str(model), "reward.functions=[exact_answer]", "--data", str(path), "--n", "2"],
+                        capsys)
+        assert code == EXIT_USER and re.search(r"fails on train_chat\.jsonl line \d+: " + re.escape(words), err), err
+
+
+def test_a_failing_template_in_tokenizer_config_names_that_file(model_dir, tmp_path, capsys):
+    model = chat_model(model_dir, tmp_path, None)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": RAISES}))
+    path = data_file(tmp_path, "train_chat.jsonl", chat_rows())
+    code, err = run(small(model, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"), capsys)
+    assert code == EXIT_USER
+    assert f"({model / 'tokenizer_config.json'}, its 'chat_template') fails on train_chat.jsonl line 1: " in err, err
+
+
+def test_debug_shows_the_template_traceback(model_dir, tmp_path, capsys):
+    model = chat_model(model_dir, tmp_path, RAISES)
+    path = data_file(tmp_path, "train_chat.jsonl", chat_rows())
+    from grpo.cli import main
+
+    code = main([*small(model, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"), "--debug"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER and "Traceback" in err and "raise_exception" in err
+
+
 # ---------------------------------------------------------------- item 7: counts no run can mean
 
 

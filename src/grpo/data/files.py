@@ -44,6 +44,7 @@ from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_o
 from grpo.errors import DataFileError
 from grpo.rewards.base import failure_words
 from grpo.rewards.specs import reward_specs
+from grpo.tokens import apply_chat_template
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
@@ -311,7 +312,7 @@ class FileTask:
         if not getattr(tok, "chat_template", None):
             raise DataFileError(f"{where}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
-        return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return apply_chat_template(tok, prompt, where, add_generation_prompt=True)
 
     def _template_plain_text(self, where: str) -> bool:
         if self.plain_prompts == "raw":
