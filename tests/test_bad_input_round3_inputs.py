@@ -135,6 +135,13 @@ def test_the_sampler_names_non_finite_logits_once_a_call(model_dir, monkeypatch)
     with pytest.raises(NonFiniteLogitsError, match=r"1 of its 20 weight tensors holds NaN/inf \(the first: "
                                                    r"model.layers.1.self_attn.o_proj.weight\)"):
         sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+    setattr(model, sampler.TRAINED_STEPS, 3)  # the trainer's mark: 3 steps of this run changed the weights
+    trained = (r"holds NaN/inf \(the first: model.layers.1.self_attn.o_proj.weight\) after 3 training step\(s\) of "
+               r"this run: the training made them so \(the learning rate or the rewards' scale\), the model on disk "
+               r"is untouched")
+    with pytest.raises(NonFiniteLogitsError, match=trained) as err:
+        sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+    assert "damaged" not in str(err.value)  # issue 51 item 4: not the weights on disk
 
 
 # ------------------------------------------------------------------ SILENT / CRASH: LoRA target modules

@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_bad_input import GOOD, SMALL, data_file, run, small
 
-from grpo.errors import EXIT_OK, EXIT_USER
+from grpo.errors import EXIT_HEALTH, EXIT_OK, EXIT_USER
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,60 @@ def test_every_float_setting_refuses_inf_and_nan():
             value = f"[{bad}, {bad}]" if kind.startswith(("list", "tuple")) else bad
             with pytest.raises(ConfigError, match=re.escape(key) + r"(\.\d)?: must be a finite number"):
                 load_config(None, [f"{key}={value}"])
+
+
+def test_weights_a_huge_learning_rate_makes_nan_are_blamed_on_training_not_the_disk(model_dir, tmp_path, capsys):
+    for extra, found in ((["train.save_every=1"], ""), ([], r" \(NaN in its next-token logits\)")):
+        run_dir = tmp_path / f"run{len(extra)}"
+        code, err = run(small(model_dir, run_dir, "optim.lr=3e38", "optim.warmup_steps=0", "train.steps=3", *extra),
+                        capsys)  # the first update: every weight NaN (a save finds it, or the next generation)
+        assert code == EXIT_HEALTH, err
+        assert re.search(r"grpo: WeightsDiverged: the policy's weights became non-finite in training: after the "
+                         r"update of step 1, \d+ of its \d+ weight tensors hold NaN/inf \(the first: [\w.]+\)"
+                         + found + rf"\. The model on disk \({model_dir}\) is untouched", err), err
+        assert "optim.lr=3e+38, too large for this model" in err and "its weights are damaged" not in err
+        assert "No checkpoint was committed before it" in err
+        assert not (run_dir / "checkpoints").exists() or not list((run_dir / "checkpoints").iterdir())
+
+
+def test_weights_that_go_nan_at_step_2_name_the_intact_step_1_checkpoint(model_dir, tmp_path, capsys, monkeypatch):
+    from grpo.train.trainer import Trainer
+
+    real = Trainer.step
+
+    def step_then_blow_up(self):  # what a learning-rate spike at step 2 does to the weights in memory
+        result = real(self)
+        if self.step_count == 2:
+            with torch.no_grad():
+                next(self.policy.parameters()).fill_(float("inf"))
+        return result
+
+    monkeypatch.setattr(Trainer, "step", step_then_blow_up)
+    run_dir = tmp_path / "run"
+    code, err = run(small(model_dir, run_dir, "train.steps=4", "train.save_every=1", "algo.scale=none"), capsys)
+    assert code == EXIT_HEALTH, err
+    assert "after the update of step 2, 1 of its" in err and "hold" in err, err
+    assert "the rewards' scale: algo.scale=none passes rewards up to reward.max_abs=1e+06" in err
+    step1 = run_dir / "checkpoints" / "step-000001"
+    lr = json.loads((step1 / "trainer_state.json").read_text())["config"]["optim"]["lr"]
+    assert f"The last committed checkpoint, {step1}, is intact (a checkpoint is never committed with non-finite " \
+           f"weights): resume from it with a lower learning rate: grpo train {run_dir / 'config.yaml'} " \
+           f"optim.lr={lr / 10:g} --output-dir {run_dir} --resume" in err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000001"]  # step 2 never committed
+    from safetensors.torch import load_file
+
+    assert all(torch.isfinite(t).all() for t in load_file(step1 / "model.safetensors").values())
+
+
+def test_a_model_loaded_with_nan_weights_is_still_named_as_damaged(model_dir, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    bad = Path(shutil.copytree(model_dir, tmp_path / "nan-model"))
+    weights = load_file(bad / "model.safetensors")
+    weights["model.norm.weight"] = torch.full_like(weights["model.norm.weight"], float("nan"))
+    save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    code, err = run(small(bad, tmp_path / "run"), capsys)
+    assert code == EXIT_USER and "its weights are damaged" in err and "WeightsDiverged" not in err, err
 
 
 # ---------------------------------------------------------------- item 5: a chat template that fails on a row

@@ -2,8 +2,8 @@
 warnings, checkpoints (atomic) and resume, preemption, the non-finite guard, final model, summary and plots.
 Everything written here follows DESIGN.md's run-directory contract; docs/reliability.md lists the faults.
 
-- Resume (`--resume`, train/checkpoint/resume.py): the newest committed checkpoint of the run directory (partial ones are
-  skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
+- Resume (`--resume`, train/checkpoint/resume.py): the newest committed checkpoint of the run directory (partial ones
+  are skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
   streak and the health monitor and reward guard (their state_dict()), so the run continues bitwise as if never
   stopped. Changing a setting that changes what a step means (INCOMPATIBLE) is refused with a ConfigError naming
   the fields; other changes are printed.
@@ -14,6 +14,7 @@ Everything written here follows DESIGN.md's run-directory contract; docs/reliabi
   a weighted reward function save a checkpoint and raise RewardsMissing (a HealthGuardError: exit code 3).
 - Non-finite guard: a step whose loss or gradient norm is NaN/inf is skipped by `policy_update`; here it is
   counted and the batch's prompt uids printed, and `train.max_nan_steps` consecutive ones raise NonFiniteError.
+  Weights a step made NaN/inf (found by a save or the next generation) raise WeightsDiverged (train/diverged.py).
 - A failed checkpoint save (disk full) raises CheckpointError naming the previous, intact checkpoint, or with
   `train.on_save_error=continue` a failed periodic save is a warning and training goes on.
 """
@@ -39,6 +40,7 @@ from grpo.train.checkpoint import CheckpointError, save_checkpoint
 from grpo.train.guards import RewardGuard, ZeroSpreadGuard
 from grpo.train.preflight import cannot_learn_hint
 from grpo.train.checkpoint.preemption import PreemptionGuard
+from grpo.train.diverged import blamed_on_training, refuse_nonfinite
 from grpo.train.checkpoint.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
     INCOMPATIBLE,
     check_resume_config,
@@ -153,6 +155,7 @@ class _Run:
         trainer = self.trainer
         if self.last_saved == trainer.step_count:
             return newest_committed(self.run_dir)
+        refuse_nonfinite(self.cfg, self.run_dir, trainer)  # never commit weights a step made NaN (WeightsDiverged)
         model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=True)
         optimizers, schedulers, extra_models = checkpointed(trainer, optimizer)
         state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
@@ -315,7 +318,8 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
             con.val_n = len(trainer.val_prompts)  # the step line's validation accuracy: its standard error
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
-                run.step(metrics_file, samples_file)
+                with blamed_on_training(cfg, run_dir, trainer, run.start_step):  # NaN logits a step caused
+                    run.step(metrics_file, samples_file)
             if guard.requested:
                 raise Preempted(run.stop(), guard.signal_name)
         except BaseException:

@@ -29,7 +29,7 @@ from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
-from grpo.rollout.sampler import check_model_logits
+from grpo.rollout.sampler import TRAINED_STEPS, check_model_logits
 from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.progress import Phase
@@ -172,6 +172,7 @@ class Trainer:
         if self.critic is not None:
             metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1
+        setattr(self.policy, TRAINED_STEPS, self.step_count)           # its weights are no longer the disk's
         self.rollouts.sync_weights(self.policy, self.step_count)       # vLLM engine / async worker: the new weights
         metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
         metrics |= self._perf_metrics(rollouts, t0, t1, scored.generate_s, scored.reward_s) | self.rollouts.metrics()
