@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 from test_bad_input import GOOD, SMALL, data_file, run, small
+from test_bad_input_round3 import small_disk
 
-from grpo.errors import EXIT_HEALTH, EXIT_OK, EXIT_USER
-
+import grpo.train.checkpoint.save as ckpt
+from grpo.errors import EXIT_FAILURE, EXIT_HEALTH, EXIT_OK, EXIT_USER
+from grpo.train.checkpoint import load_checkpoint
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
@@ -33,6 +35,187 @@ def model_dir(tmp_path_factory) -> Path:
         build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+NEEDED = r"\(([0-9.]+ \w+) free of 8.0 MiB; about ([0-9.]+) (B|KiB|MiB) needed\)"
+
+
+def fill(disk: Path, leave: int = 0) -> None:
+    """Fill `disk` with one file until `leave` bytes are free (0: until the disk is full)."""
+    free = shutil.disk_usage(disk).free
+    with open(disk / "filler", "ab") as f:
+        try:
+            if leave:
+                f.write(b"\0" * max(0, free - leave))
+            else:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        except OSError:
+            pass
+
+
+def kib(value: str, unit: str) -> float:
+    return float(value) * {"B": 1 / 1024, "KiB": 1, "MiB": 1024}[unit]
+
+
+def no_partials(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.name.startswith(".") and p.name != "filler"]
+
+
+# ---------------------------------------------------------------- item 2: a full disk, every save path
+
+
+def test_a_disk_that_fills_inside_torch_save_is_named_not_unexpected_pos(model_dir, tmp_path, capsys, monkeypatch):
+    saves = []
+
+    def hook(stage):  # the step-1 checkpoint commits; at step 2's the disk fills under the optimizer's torch.save
+        if stage == "after_tokenizer":
+            saves.append(stage)
+            if len(saves) == 2:
+                fill(disk, leave=4096)
+
+    with small_disk(tmp_path / "disk") as disk:
+        run_dir = disk / "run"
+        monkeypatch.setattr(ckpt, "_fault_hook", hook)
+        code, err = run(small(model_dir, run_dir, "train.save_every=1"), capsys)
+        assert code == EXIT_FAILURE
+        assert "unexpected pos" not in err and "enforce fail" not in err, err
+        found = re.search(rf"the final checkpoint save at step 2 failed: .*the disk is full \(No space left on "
+                          rf"device\) on {disk} {NEEDED} while writing {run_dir / 'checkpoints' / 'step-000002'}", err)
+        assert found, err
+        weights = (run_dir / "checkpoints" / "step-000001" / "model.safetensors").stat().st_size
+        assert kib(found.group(2), found.group(3)) * 1024 > weights  # the weights and their optimizer moments
+        assert f"The previous checkpoint is intact: {run_dir / 'checkpoints' / 'step-000001'}" in err
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-000001"]
+        assert load_checkpoint(run_dir / "checkpoints" / "step-000001").step == 1
+        assert not no_partials(run_dir)
+
+
+def test_torch_s_own_words_for_a_full_disk_are_recognised_both_ways(tmp_path):
+    from grpo.tracking.rundir import disk_full
+    from grpo.train.checkpoint.files import torch_save
+
+    state = {"m": torch.zeros(100_000)}
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        fill(disk, leave=8192)
+        with pytest.raises(RuntimeError) as raw:  # torch's own file: "unexpected pos", no errno
+            torch.save(state, disk / "raw.pt")
+        assert "No space left" not in str(raw.value) and not disk_full(raw.value)
+        assert disk_full(raw.value, disk / "raw.pt")  # the disk it wrote to is full: that is the cause
+        (disk / "raw.pt").unlink(missing_ok=True)
+        with pytest.raises(Exception) as through_python:  # a Python file: the OSError is in its context
+            torch_save(state, disk / "py.pt")
+        assert disk_full(through_python.value)
+    assert not disk_full(raw.value, tmp_path)  # the same words on a disk with room: not a full disk
+
+
+def test_a_full_disk_at_best_names_the_disk_and_keeps_the_last_checkpoint(model_dir, tmp_path, capsys, monkeypatch):
+    import grpo.train.loop as loop
+
+    accuracies = iter([0.0, 0.0, 0.25, 0.25, 0.5, 0.5])  # test, validation at step 0, 1, 2: each step a new best
+    monkeypatch.setattr(loop, "_evaluate", lambda trainer, progress=None, split="test": next(accuracies))
+
+    def hook(stage):  # the step-1 checkpoint is committed (best/ of step 1 before it), then the disk is full
+        if stage == "after_rename":
+            fill(disk)
+
+    with small_disk(tmp_path / "disk") as disk:
+        run_dir = disk / "run"
+        monkeypatch.setattr(ckpt, "_fault_hook", hook)
+        code, err = run(small(model_dir, run_dir, "train.save_every=1", "train.eval_every=1", "eval.val_n=4"),
+                        capsys)
+        assert code == EXIT_FAILURE
+        best = run_dir / "checkpoints" / "best"
+        assert re.search(rf"the disk is full \(No space left on device\) on {disk} {NEEDED} while writing {best} "
+                         r"\(the best model \(step 2\)", err), err
+        assert f"the previous {best} is kept" in err
+        assert f"The last committed checkpoint is intact: {run_dir / 'checkpoints' / 'step-000001'}; free space, " \
+               f"then finish the run with: grpo train {run_dir / 'config.yaml'} --output-dir {run_dir} --resume" in err
+        assert json.loads((best / "best.json").read_text())["step"] == 1  # the step-1 best, whole
+        assert not no_partials(run_dir)
+
+
+def test_a_full_disk_at_a_merged_lora_final_says_what_the_merged_weights_need(model_dir, tmp_path, capsys,
+                                                                              monkeypatch):
+    def hook(stage):  # the step-2 checkpoint (the adapter) is committed, then the disk is full for final/
+        if stage == "after_rename":
+            fill(disk)
+
+    with small_disk(tmp_path / "disk") as disk:
+        run_dir = disk / "run"
+        monkeypatch.setattr(ckpt, "_fault_hook", hook)
+        code, err = run(small(model_dir, run_dir, "model.lora_rank=4", "model.save_merged=true"), capsys)
+        assert code == EXIT_FAILURE
+        found = re.search(rf"on {disk} {NEEDED} while writing {run_dir / 'final'} \(the final model \(step 2\)", err)
+        assert found, err
+        merged = (model_dir / "model.safetensors").stat().st_size  # the merged model: the base model's weights
+        assert kib(found.group(2), found.group(3)) * 1024 >= 0.9 * merged
+        assert f"The last committed checkpoint is intact: {run_dir / 'checkpoints' / 'step-000002'}" in err
+        assert not (run_dir / "final").exists() and not no_partials(run_dir)
+
+
+def test_a_full_disk_at_the_metrics_names_the_file_and_the_checkpoint(model_dir, tmp_path, capsys, monkeypatch):
+    def hook(stage):  # step 2's checkpoint is committed, then the disk is full: the next page metrics.jsonl needs
+        if stage == "after_rename":  # (at step 3 or 4: a step's row is about 1.2 KiB) cannot be had
+            fill(disk)
+
+    argv = ["train.steps=5", "train.save_every=2"]
+    with small_disk(tmp_path / "disk") as disk:
+        run_dir = disk / "run"
+        monkeypatch.setattr(ckpt, "_fault_hook", hook)
+        code, err = run(small(model_dir, run_dir, *argv), capsys)
+        assert code == EXIT_FAILURE
+        assert re.search(rf"the disk is full \(No space left on device\) on {disk} \(0 B free of 8.0 MiB; about "
+                         rf"1\.\d KiB needed\) while writing {run_dir / 'metrics.jsonl'}; the line may be cut short, "
+                         "a resume drops it", err), err
+        assert f"The last committed checkpoint is intact: {run_dir / 'checkpoints' / 'step-000002'}" in err
+        (disk / "filler").unlink()
+        monkeypatch.setattr(ckpt, "_fault_hook", lambda stage: None)
+        code, err = run([*small(model_dir, run_dir, *argv), "--resume"], capsys)
+        assert code == EXIT_OK, err  # the command it names finishes the run
+        steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_full_disk_at_the_plots_and_at_grpo_report_is_one_message(model_dir, tmp_path, capsys, monkeypatch):
+    import grpo.tracking.plots as plots
+
+    real = plots.plot_run
+
+    def full_then_plot(run_dir):  # final/ and summary.json are written; the disk fills before the plots
+        fill(disk)
+        return real(run_dir)
+
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        run_dir = disk / "run"
+        monkeypatch.setattr(plots, "plot_run", full_then_plot)
+        code, err = run(small(model_dir, run_dir, "log.plots=true"), capsys)
+        assert code == EXIT_FAILURE
+        found = re.search(rf"the disk is full \(No space left on device\) on {disk} \([0-9.]+ \w+ free of 16.0 MiB; "
+                          rf"about ([0-9.]+) (KiB|MiB) needed\) while writing {run_dir / 'plots'}/\w+\.png; nothing "
+                          r"was written there", err)
+        assert found and kib(*found.groups()) > 4, err  # a PNG's bytes, drawn in memory first
+        assert f"The last committed checkpoint is intact: {run_dir / 'checkpoints' / 'step-000002'}" in err
+        assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "summary.json").is_file()
+        assert not no_partials(run_dir) and all(p.stat().st_size > 0 for p in (run_dir / "plots").iterdir())
+        monkeypatch.setattr(plots, "plot_run", real)
+        code, err = run(["report", str(run_dir)], capsys)  # the disk is still full: its plots cannot be redrawn
+        assert code == EXIT_FAILURE and re.search(r"the disk is full \(No space left on device\) on .* needed\) "
+                                                  rf"while writing {run_dir / 'plots'}/\w+\.png; nothing was", err), err
+        (disk / "filler").unlink()
+        assert run(["report", str(run_dir)], capsys)[0] == EXIT_OK  # space freed: the command it names works
+        (run_dir / "report.html").unlink()
+        largest = max(p.stat().st_size for p in (run_dir / "plots").iterdir())
+        fill(disk, leave=largest + 65536)  # room to redraw each plot, not for the page that embeds two of them
+        code, err = run(["report", str(run_dir)], capsys)
+        found = re.search(rf"on {disk} \([0-9.]+ KiB free of 16.0 MiB; about ([0-9.]+) KiB needed\) while writing "
+                          rf"{run_dir / 'report.html'}; nothing was written there", err)
+        assert code == EXIT_FAILURE and found and float(found.group(1)) * 1024 > largest, err
+        assert not (run_dir / "report.html").exists() and not no_partials(run_dir)
+        (disk / "filler").unlink()
+        code, err = run(["report", str(run_dir)], capsys)
+        assert code == EXIT_OK and (run_dir / "report.html").stat().st_size > 1000, err
 
 
 # ---------------------------------------------------------------- items 3 and 6: one number for a row
@@ -304,3 +487,4 @@ def test_more_steps_than_the_data_can_hold_is_warned_about(model_dir, tmp_path, 
         main(small(model_dir, tmp_path / "run2", f"data.path={path}", "reward.functions=[exact_answer]",
                    "train.steps=5000"))  # 5000 x 2 / 17: about 590 passes
     assert "passes over the data" not in caplog.text
+

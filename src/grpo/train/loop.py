@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.errors import DiskFullError, HealthGuardError, Preempted, RolloutWorkerError
+from grpo.errors import HealthGuardError, Preempted, RolloutWorkerError
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
@@ -275,7 +275,9 @@ class _Run:
 def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict:
     """Train until cfg.train.steps and write the run directory; returns summary.json's content. Raises Preempted
     (with .summary {"preempted": True, "steps", "checkpoint"}) after SIGTERM/SIGINT once the checkpoint is committed,
-    and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json."""
+    and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json. A full
+    disk at any write (final/, best/, metrics, summary, plots) is a DiskFullError naming the disk and the place
+    (Trainer.train adds the last committed checkpoint and the command that finishes the run)."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     main = is_main()  # torchrun: rank 0 prints and writes files, the other ranks only compute
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
@@ -338,7 +340,8 @@ def _finish(run: _Run) -> dict:
     if trainer.step_count > 0:
         run.save("final")
     final = run_dir / "final"
-    from grpo.models.lora import save_final
+    from grpo.models.lora import save_final, saved_bytes
+    from grpo.train.checkpoint.files import tokenizer_bytes
     from grpo.train.checkpoint.final import publish_dir
 
     def write_final(tmp: Path) -> None:  # a fresh directory each time: exactly this step's model (issue #41)
@@ -347,13 +350,11 @@ def _finish(run: _Run) -> dict:
 
     with run.clock.time("save"):
         gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
-        if is_main():
-            try:  # a full disk: retried once into a fresh directory, then one message (the checkpoint is kept)
-                publish_dir(final, write_final, what=f"the final model (step {trainer.step_count})", attempts=2,
-                            share_with=[newest_committed(run_dir), run_dir / "checkpoints" / "best"])
-            except DiskFullError as e:
-                raise DiskFullError(f"{e}. The last committed checkpoint is intact: {newest_committed(run_dir)}; "
-                                    f"free space, then write final/ with: {resume_command(run_dir)}") from e
+        if is_main():  # a full disk: retried once into a fresh directory, then one message (the checkpoint is kept)
+            publish_dir(final, write_final, what=f"the final model (step {trainer.step_count})", attempts=2,
+                        share_with=[newest_committed(run_dir), run_dir / "checkpoints" / "best"],
+                        needed=lambda: saved_bytes(trainer.policy, merged=cfg.model.save_merged)
+                        + tokenizer_bytes(trainer.tokenizer))
     if run.acc_after is None:  # no evaluation at the last step (a run resumed there): the result is still measured
         run.acc_after = run.evaluate("test")
         if run.validates:

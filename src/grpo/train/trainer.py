@@ -23,6 +23,7 @@ from grpo.config import Config
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_prompt_chars, check_rows
+from grpo.errors import DiskFullError
 from grpo.models.compute import resolve_compute
 from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
@@ -265,9 +266,13 @@ class Trainer:
     def train(self, resume: bool = False, overwrite: bool = False) -> dict:
         """The whole run (train/loop.py). resume: continue from the run directory's newest checkpoint; overwrite:
         move a non-empty run directory aside first (a new run never writes over another)."""
+        from grpo.train.checkpoint.resume import disk_full_note
         from grpo.train.loop import run_training
 
-        return run_training(self, resume=resume, overwrite=overwrite)
+        try:
+            return run_training(self, resume=resume, overwrite=overwrite)
+        except DiskFullError as e:  # any write of the run: what is intact, and the command that finishes it
+            raise DiskFullError(f"{e}. {disk_full_note(self.run_dir)}") from e
 
     def close(self) -> None:
         self.rollouts.close()
