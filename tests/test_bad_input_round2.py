@@ -232,7 +232,7 @@ def test_a_20_mb_prompt_is_refused_by_its_characters_in_seconds(model_dir, tmp_p
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
                     capsys)
     assert code == EXIT_USER
-    assert "(uid 'huge.jsonl:5', huge.jsonl line 6): column 'prompt' has 20000001 characters, more than data.max_prompt_tokens=256 " \
+    assert "huge.jsonl line 6: column 'prompt' has 20000001 characters, more than data.max_prompt_tokens=256 " \
            "tokens can hold" in err  # the prompt as the model sees it: the text and a newline
     assert time.monotonic() - t0 < 10  # was 62 s: the model loaded and the tokenizer ran over 20 MB first
     assert not (tmp_path / "run").exists()

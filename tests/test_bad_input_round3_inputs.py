@@ -135,6 +135,13 @@ def test_the_sampler_names_non_finite_logits_once_a_call(model_dir, monkeypatch)
     with pytest.raises(NonFiniteLogitsError, match=r"1 of its 20 weight tensors holds NaN/inf \(the first: "
                                                    r"model.layers.1.self_attn.o_proj.weight\)"):
         sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+    setattr(model, sampler.TRAINED_STEPS, 3)  # the trainer's mark: 3 steps of this run changed the weights
+    trained = (r"holds NaN/inf \(the first: model.layers.1.self_attn.o_proj.weight\) after 3 training step\(s\) of "
+               r"this run: the training made them so \(the learning rate or the rewards' scale\), the model on disk "
+               r"is untouched")
+    with pytest.raises(NonFiniteLogitsError, match=trained) as err:
+        sampler.Sampler(model, tok, max_new_tokens=5, temperature=1.0).generate(prompts, 2)
+    assert "damaged" not in str(err.value)  # issue 51 item 4: not the weights on disk
 
 
 # ------------------------------------------------------------------ SILENT / CRASH: LoRA target modules
@@ -289,7 +296,7 @@ def test_a_prompt_too_long_names_the_file_line(model_dir, tmp_path, capsys):  # 
     path = data_file(tmp_path, "t.jsonl", b"\n" + rows_jsonl(rows))  # row i on line i + 2
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "data.test_fraction=0.3",
                           "reward.functions=[exact_answer]", "data.max_prompt_tokens=16"), capsys)
-    assert code == EXIT_USER and f"(uid 't.jsonl:{i}', t.jsonl line {i + 2}): column 'prompt' has" in err, err
+    assert code == EXIT_USER and f"grpo: t.jsonl line {i + 2}: column 'prompt' has" in err, err
 
 
 @pytest.mark.parametrize(("role", "words"), [("wizard", "has role 'wizard'; a chat template knows the roles system, "
@@ -301,7 +308,7 @@ def test_message_roles_are_checked(role, words, model_dir, tmp_path, capsys):  #
     path = data_file(tmp_path, "chat.jsonl", rows_jsonl(rows))
     code, err = run(small(model_dir, tmp_path / "run", f"data.path={path}", "reward.functions=[exact_answer]"),
                     capsys)
-    assert code == EXIT_USER and f"{path.name} line 5: message 0 of column 'prompt' {words}" in err, err
+    assert code == EXIT_USER and f"{path.name} line 5: message 1 of column 'prompt' {words}" in err, err
 
 
 # ------------------------------------------------------------------ CRASH / UNCLEAR: GGUF files cut short

@@ -6,7 +6,8 @@
     │   │   ├── DataFileError             a data set file, row or column         (also `grpo.data.files.DataFileError`)
     │   │   └── MissingExtraError         a setting needs an optional package (`pip install 'grpo[...]'`)
     │   ├── ModelDirError                 a model or tokenizer directory that cannot be loaded
-    │   │   └── NonFiniteLogitsError      a model whose logits are NaN/inf (damaged weights, or overflow in its dtype)
+    │   │   ├── NonFiniteLogitsError      a model whose logits are NaN/inf (damaged weights, or overflow in its dtype)
+    │   │   └── ChatTemplateError         a model's chat template that fails on a row (raise_exception, bad syntax)
     │   ├── RewardOutputError             a reward function's output breaks the protocol (NaN, wrong count, ...)
     │   └── RunDirError                   a run directory (`grpo report`) that is not one
     ├── DiskFullError                   no space left while writing a file (names the disk, the file, what is kept)
@@ -30,8 +31,8 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ConfigError", "DataFileError",
-           "DiskFullError", "GrpoError", "HealthGuardError", "MissingExtraError", "ModelDirError",
+__all__ = ["EXIT_FAILURE", "EXIT_HEALTH", "EXIT_OK", "EXIT_USER", "ChatTemplateError", "ConfigError",
+           "DataFileError", "DiskFullError", "GrpoError", "HealthGuardError", "MissingExtraError", "ModelDirError",
            "NonFiniteLogitsError", "Preempted", "RewardOutputError", "RolloutWorkerError", "RunDirError",
            "RunStopped", "UserError"]
 
@@ -75,6 +76,12 @@ class NonFiniteLogitsError(ModelDirError):
     Bad input (exit 2), like a damaged model directory, not a health guard (exit 3): it is the model the user gave
     (or its model.dtype) that is broken, it is found before step 1 (the preflight, the first evaluation, `grpo eval`),
     and no setting of the run nor a resume fixes it; there is no trained step to commit."""
+
+
+class ChatTemplateError(ModelDirError):
+    """A model's chat template that fails on a data row: its own `raise_exception(...)` (a role or an order it does
+    not accept), a syntax error, an undefined name. The message names the model directory, the template's file,
+    the row (its file and line) and jinja's words; raised by grpo.tokens.apply_chat_template."""
 
 
 class RewardOutputError(UserError):

@@ -11,15 +11,71 @@ Two guards on plain text, both no-ops for ordinary prompts:
     not two;
   - a prompt to be continued (`for_generation=True`) drops an EOS the tokenizer appended (`add_eos_token`):
     a prompt that ends the sequence cannot be continued.
+
+Messages become text through `apply_chat_template`, which names the row, the model and the template's file when the
+template fails on them (ChatTemplateError), instead of jinja's traceback.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
+from grpo.errors import ChatTemplateError
 from grpo.types import Prompt
 
-__all__ = ["prompt_token_ids", "text_token_ids"]
+__all__ = ["apply_chat_template", "prompt_token_ids", "template_file", "text_token_ids"]
+
+
+def apply_chat_template(tokenizer, messages: list[dict], where: str, **kwargs) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)`. A template that fails on them (its own
+    `raise_exception(...)`, a syntax error, a name it lacks, a role it cannot render) is one ChatTemplateError naming
+    the model directory, the template's file, `where` (the row: 'train.jsonl line 5') and jinja's message, instead
+    of jinja's traceback; other errors pass as they are."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception as e:
+        if not _from_template(e):
+            raise
+        line = getattr(e, "lineno", None)
+        at = f" (line {line} of the template)" if isinstance(line, int) and line > 0 else ""
+        words = getattr(e, "message", None) or str(e) or type(e).__name__
+        name = str(getattr(tokenizer, "name_or_path", "") or "") or "(in memory)"
+        fix = ("the template does not parse: fix it" if type(e).__name__ == "TemplateSyntaxError" else
+               "fix the row's messages (their roles and order) or the template")
+        raise ChatTemplateError(f"the chat template of the model {name} ({template_file(tokenizer)}) fails on "
+                                f"{where}: {words}{at} [{type(e).__name__}]; {fix}") from e
+
+
+def template_file(tokenizer) -> str:
+    """The file a tokenizer's chat template was read from: chat_template.jinja, chat_template.json, or the
+    'chat_template' of tokenizer_config.json in its directory; 'set in memory' when none holds it."""
+    root = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if str(root) and root.is_dir():
+        for name in ("chat_template.jinja", "chat_template.json"):
+            if (root / name).is_file():
+                return str(root / name)
+        config = root / "tokenizer_config.json"
+        try:
+            if "chat_template" in json.loads(config.read_text(encoding="utf-8")):
+                return f"{config}, its 'chat_template'"
+        except (OSError, ValueError):
+            pass
+    return "its template set in memory"
+
+
+def _from_template(err: BaseException) -> bool:
+    """Whether `err` is jinja's (TemplateError and its kinds) or was raised by the template's own code (its frames
+    are compiled from '<template>'), not by the caller."""
+    if any(c.__module__.startswith("jinja2") for c in type(err).__mro__):
+        return True
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def text_token_ids(tokenizer, texts: Sequence[str], templated: Sequence[bool] | bool = False, *,

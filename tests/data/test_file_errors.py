@@ -110,8 +110,8 @@ def test_a_json_array_file_loads_and_a_cut_one_names_the_line(tmp_path):
     assert len(t.split("train", 99)) + len(t.split("test", 99)) == len(ROWS)
     msg = error_of(write(tmp_path, "cut.json", data[:-30]))
     assert "cut.json line" in msg and "cut off" in msg
-    mixed = write(tmp_path, "mixed.json", b'[{"prompt": "q"}, {"prompt": "r"}, 3]')
-    assert "item 2 of the array: a number" in error_of(mixed)
+    mixed = write(tmp_path, "mixed.json", b'[{"prompt": "q"},\n {"prompt": "r"},\n\n 3]')
+    assert "mixed.json line 4: a number in the array" in error_of(mixed)  # the line an editor shows
 
 
 @pytest.mark.parametrize(("name", "compress"), [("d.jsonl.gz", gzip.compress), ("d.jsonl", gzip.compress),

@@ -66,7 +66,7 @@ def test_missing_column_names_the_column_and_the_file(tmp_path):
     ({"prompt": "  ", "answer": "1"}, r"line 3: column 'prompt' \(the prompt\) is empty"),
     ({"prompt": [], "answer": "1"}, r"line 3: column 'prompt' \(the prompt\) is empty"),
     ({"prompt": "q", "answer": None}, r"line 3: column 'answer' \(the answer\) is empty"),
-    ({"prompt": [{"role": "user"}], "answer": "1"}, r"line 3: message 0 of column 'prompt'"),
+    ({"prompt": [{"role": "user"}], "answer": "1"}, r"line 3: message 1 of column 'prompt'"),
 ])
 def test_bad_rows_name_the_line_and_the_file(tmp_path, bad, message):
     good = {"prompt": [{"role": "user", "content": "q"}], "answer": "1"} if isinstance(bad["prompt"], list) \
@@ -98,7 +98,7 @@ def test_test_file_is_the_held_out_split_and_overlapping_train_rows_are_dropped(
     held = jsonl(tmp_path / "test.jsonl", [{"prompt": f"q{i}", "answer": "1"} for i in (3, 11, 12)])
     t = task(data, test_path=str(held))
     assert [p.text for p in t.split("test", 9)] == ["q3", "q11", "q12"]
-    assert [p.uid for p in t.split("test", 9)] == ["test.jsonl:0", "test.jsonl:1", "test.jsonl:2"]
+    assert [p.uid for p in t.split("test", 9)] == ["test.jsonl:1", "test.jsonl:2", "test.jsonl:3"]  # file:line
     assert "q3" not in {p.text for p in t.split("train", 99)} and len(t.split("train", 99)) == 9
 
 

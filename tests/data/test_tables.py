@@ -75,7 +75,7 @@ def test_parquet_without_the_extra_says_which_install_reads_it(tmp_path, no_data
     ("empty.jsonl", b"\n\n", r"empty\.jsonl: the file has no rows"),
     ("ragged.csv", b"prompt,answer\na,1\nb,2,3\n", r"ragged\.csv line 3: 3 fields, the header has 2"),
     ("header.csv", b"prompt,answer\n", r"header\.csv: the file has a header but no rows"),
-    ("scalars.json", b"[1, 2]", r"scalars\.json: element 0 of the array is a JSON int"),
+    ("scalars.json", b"[1, 2]", r"scalars\.json line 1: an element of the array is a JSON int"),
 ])
 def test_unreadable_files_name_the_file_and_the_line(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)

@@ -121,8 +121,8 @@ def test_trainer_feeds_the_models_own_tokens(bos_model_dir, tmp_path, chat):
     trainer = Trainer(cfg)
     try:
         tok = trainer.tokenizer
-        rows = {f"d.jsonl:{i}": json.loads(line)["prompt"]
-                for i, line in enumerate(data.read_text().splitlines())}
+        rows = {f"d.jsonl:{i}": json.loads(line)["prompt"]  # uid: file:line
+                for i, line in enumerate(data.read_text().splitlines(), 1)}
         feed = _Feed(trainer.policy)
         trainer.step()  # training: the sampler's prefill
         train_seen = feed.seen[:]

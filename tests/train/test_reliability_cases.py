@@ -216,7 +216,7 @@ LONG = [Prompt("a", "What is 1 + 2?\n", "3"), Prompt("b", "What is 3 + 4?\n", "7
 
 
 def test_row_12_an_over_long_prompt_is_an_error_naming_it(make_trainer):
-    with pytest.raises(DataError, match=r"train row 2 \(uid 'long'\): column 'prompt' has 167 tokens.*"
+    with pytest.raises(DataError, match=r"train prompt 'long': column 'prompt' has 167 tokens.*"
                                         r"data.max_prompt_tokens=64.*data.filter_long_prompts=true"):
         make_trainer("data.max_prompt_tokens=64", task=ListTask(LONG))
 
@@ -245,17 +245,17 @@ def test_row_13_a_missing_reward_column_is_an_error_before_model_load(make_train
         return [1.0] * len(completions)
 
     rows = [Prompt("a", "What is 1 + 2?\n", "3"), Prompt("no-answer", "What is 2 + 2?\n", None)]
-    with pytest.raises(DataError, match=r"train row 1 \(uid 'no-answer'\) has no column 'answer', which reward "
+    with pytest.raises(DataError, match=r"train prompt 'no-answer' has no column 'answer', which reward "
                                         r"function 'needs_answer' needs"):
         make_trainer(task=ListTask(rows), reward_functions=[("needs_answer", needs_answer, 1.0)])
     with_meta = in_process(lambda prompts, completions, difficulty, **kw: [1.0] * len(completions))
-    with pytest.raises(DataError, match=r"train row 0 \(uid 'a'\) has no column 'difficulty'"):
+    with pytest.raises(DataError, match=r"train prompt 'a' has no column 'difficulty'"):
         make_trainer(task=ListTask(rows), reward_functions=[("with_meta", with_meta, 1.0)])
 
 
 def test_row_13_an_empty_prompt_is_an_error_naming_row_and_column(make_trainer, no_model_load):
     rows = [Prompt("a", "What is 1 + 2?\n", "3"), Prompt("b", "What is 3 + 4?\n", "7"), Prompt("blank", "  ", "0")]
-    with pytest.raises(DataError, match=r"train row 2 \(uid 'blank'\): column 'prompt' is empty"):
+    with pytest.raises(DataError, match=r"train prompt 'blank': column 'prompt' is empty"):
         make_trainer(task=ListTask(rows))
 
 

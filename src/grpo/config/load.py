@@ -9,7 +9,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import ValidationError
 
-from grpo.config.schema import Config, _Section
+from grpo.config.schema import Config, _Section, count_limit
 from grpo.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -25,7 +25,11 @@ def describe_keys() -> list[tuple[str, str, str, str]]:
         for key, field in model.model_fields.items():
             kind = _registry_choices(f"{section}.{key}") or _type_name(field.annotation)
             default = field.default_factory() if field.default_factory is not None else field.default
-            rows.append((f"{section}.{key}", kind, repr(default), field.description or ""))
+            text = field.description or ""
+            bound = f"at most {count_limit(f'{section}.{key}'):,}"  # every count has one (schema.py)
+            if int in (field.annotation, *get_args(field.annotation)) and bound not in text:
+                text += f"{'; ' if text else ''}{bound}"
+            rows.append((f"{section}.{key}", kind, repr(default), text))
     return rows
 
 
@@ -131,6 +135,8 @@ def _format_error(err: ValidationError) -> str:
             section = ".".join(str(p) for p in e["loc"][:-1])
             msg = f"unknown key{' in section ' + section if section else ''}"
             msg += _unknown_key_hints(field, e.get("input"))
+        elif e["type"] == "finite_number":  # inf, nan, 1e400: no setting means one
+            msg = f"must be a finite number, got {e.get('input')!r}: no setting takes inf or NaN"
         elif e["type"] == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             msg = f"must be one of {allowed}, got {e.get('input')!r}"

@@ -13,8 +13,47 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+# Every number a setting holds is finite (`optim.lr=inf` was accepted, and the run blamed the weights on disk for
+# what the learning rate did in memory), and every int is a count a run can mean: at most MAX_COUNT, or the field's
+# own bound in COUNT_LIMITS (`train.steps=1e22` was accepted). `grpo train --list-keys` shows each int's bound.
+MAX_COUNT = 10**9
+MAX_STEPS = 10**8
+MAX_SEED = 2**32 - 1
+COUNT_LIMITS: dict[str, tuple[int, str]] = {  # "section.key": (the largest value, why)
+    **{k: (MAX_STEPS, "10^8 steps take 3 years at one step a second") for k in (
+        "train.steps", "train.save_every", "train.eval_every", "train.max_nan_steps", "train.zero_spread_steps",
+        "eval.test_every", "optim.warmup_steps", "warmup.steps", "reward.max_missing_steps",
+        "log.print_group_every")},
+    **{k: (MAX_SEED, "a seed is a 32-bit number") for k in ("train.seed", "warmup.seed", "data.task_seed")},
+    **{k: (4096, "more threads than a machine has cores") for k in ("rollout.worker_threads", "env.step_workers")},
+    "rollout.max_staleness": (1000, "each step of lag holds a batch in memory"),
+    "algo.epochs": (1000, "updates of one batch: the step would not end"),
+    "algo.max_resample_batches": (1000, "generation rounds of one step: the step would not end"),
+    "model.lora_rank": (65536, "wider than any model"),
+}
+_SMALLEST_LIMIT = min(limit for limit, _ in COUNT_LIMITS.values())
+
+
+def count_limit(key: str) -> int:
+    """The largest value of the int setting `key` ("section.key"); -limit is its lowest (a field's own `ge`
+    comes first)."""
+    return COUNT_LIMITS.get(key, (MAX_COUNT, ""))[0]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _sane_count(cls, v, info):
+        """An int past its bound (count_limit) is refused naming the bound; NaN/inf floats are refused by
+        allow_inf_nan=False above (load.py words it)."""
+        if type(v) is int and info.field_name is not None and abs(v) > _SMALLEST_LIMIT:
+            limit, why = COUNT_LIMITS.get(f"{_section_name(cls)}.{info.field_name}", (MAX_COUNT, ""))
+            if abs(v) > limit:
+                bound = f"at most {limit:,}" if v > 0 else f"at least {-limit:,}"
+                raise ValueError(f"must be {bound} ({why or 'no run means a count past 10^9'}), got {v}")
+        return v
 
 
 class ModelConfig(_Section):
@@ -242,7 +281,8 @@ class EnvConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(150, description="RL steps of the run, at least 1")
+    steps: int = Field(150, description="RL steps of the run, at least 1 and at most 100,000,000 (3 years at one "
+                       "step a second); a run that would draw each train prompt more than 1,000 times is warned about")
     seed: int = 0
     save_every: int = Field(0, ge=0, description="checkpoint every K steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=0)
@@ -345,6 +385,14 @@ class LogConfig(_Section):
 class ParallelConfig(_Section):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     strategy: Literal["ddp", "fsdp"] = "ddp"
+
+
+def _section_name(cls) -> str:
+    """'train' for TrainConfig: the key of the Config field that holds a section of this class."""
+    for name, info in Config.model_fields.items():
+        if info.annotation is cls:
+            return name
+    return cls.__name__
 
 
 class Config(_Section):

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from grpo.data.tables import array_lines
 from grpo.errors import DataFileError
 
 __all__ = ["COMPRESSED_SUFFIXES", "check_file", "compression_of", "explain_failure"]
@@ -264,9 +265,9 @@ def _check_json_array(data: bytes, shown: str) -> None:
         raise DataFileError(f"{shown}: {e}") from None
     if not rows:
         raise DataFileError(f"{shown}: no rows (an empty JSON array)")
-    keys = _Keys(shown)
-    for i, row in enumerate(rows):
+    keys, lines = _Keys(shown), array_lines(text)
+    for line, row in zip(lines, rows):
         if not isinstance(row, dict):
-            raise DataFileError(f"{shown} item {i} of the array: {_what(row)}, expected an object such as "
+            raise DataFileError(f"{shown} line {line}: {_what(row)} in the array, expected an object such as "
                                 '{"prompt": "...", "answer": "..."}')
-        keys.check(row, f"item {i}")
+        keys.check(row, f"line {line}")

@@ -44,6 +44,7 @@ from grpo.data.file_checks import COMPRESSED_SUFFIXES, check_file, compression_o
 from grpo.errors import DataFileError
 from grpo.rewards.base import failure_words
 from grpo.rewards.specs import reward_specs
+from grpo.tokens import apply_chat_template
 from grpo.types import Prompt
 
 log = logging.getLogger("grpo.data")
@@ -273,8 +274,9 @@ class FileTask:
                     raise DataFileError(f"{where}: column {self.answer_column!r} (the answer) is empty; fix the row, "
                                      "or set data.answer_column=null if the rewards need no answer")
                 answer = str(answer) if isinstance(answer, (int, float)) else answer
-            out.append((f"{source}:{i}", prompt, answer, {c: row[c] for c in extra}))
-            self._where[f"{source}:{i}"] = where
+            uid = f"{source}:{lines[i] if lines else i + 1}"  # file:line, the same number as `where`
+            out.append((uid, prompt, answer, {c: row[c] for c in extra}))
+            self._where[uid] = where
         return out
 
     def _drop_overlap(self) -> None:
@@ -293,30 +295,31 @@ class FileTask:
             raise DataFileError(f"split must be 'train' or 'test', got {name!r}")
         done = self._cache.setdefault(name, [])
         for uid, prompt, answer, meta in self._rows[name][len(done):n]:
-            done.append(Prompt(uid=uid, text=self.render(prompt, uid), answer=answer, meta=meta,
-                               templated=self._templated(prompt, uid),  # a template wrote its special tokens
+            where = self._where.get(uid, uid)
+            done.append(Prompt(uid=uid, text=self.render(prompt, where), answer=answer, meta=meta,
+                               templated=self._templated(prompt, where),  # a template wrote its special tokens
                                where=self._where.get(uid)))
         return done[:n]
 
-    def render(self, prompt, uid: str = "") -> str:
+    def render(self, prompt, where: str = "") -> str:
         """A conversation through the tokenizer's chat template, ending with the assistant's turn; text as one user
-        message through the template or as is (data.plain_prompts, see the module docstring)."""
+        message through the template or as is (data.plain_prompts). Errors name the row as `where` (file line N)."""
         if isinstance(prompt, str):
-            if not self._template_plain_text(uid):
+            if not self._template_plain_text(where):
                 return prompt
             prompt = [{"role": "user", "content": prompt}]
         tok = self.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise DataFileError(f"{uid}: the prompt is a conversation (a list of messages) but the tokenizer of "
+            raise DataFileError(f"{where}: the prompt is a conversation (a list of messages) but the tokenizer of "
                              "model.name has no chat_template; give plain-text prompts or a model with a template")
-        return tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return apply_chat_template(tok, prompt, where, add_generation_prompt=True)
 
-    def _template_plain_text(self, uid: str) -> bool:
+    def _template_plain_text(self, where: str) -> bool:
         if self.plain_prompts == "raw":
             return False
         if self.plain_prompts == "template":
             if not getattr(self.tokenizer, "chat_template", None):
-                raise DataFileError(f"{uid}: data.plain_prompts=template but the tokenizer of model.name has no "
+                raise DataFileError(f"{where}: data.plain_prompts=template but the tokenizer of model.name has no "
                                     "chat_template; use data.plain_prompts=raw or a model with a template")
             return True
         use = plain_prompts_use_template(self.tokenizer)
@@ -329,13 +332,13 @@ class FileTask:
             self._tokenizer = self._tokenizer_loader()
         return self._tokenizer
 
-    def _templated(self, prompt, uid: str = "") -> bool:
+    def _templated(self, prompt, where: str = "") -> bool:
         """Whether render() put `prompt` through the chat template (then its text holds the special tokens, and
         grpo.tokens adds none): a conversation always; plain text when data.plain_prompts sends it there."""
         if not isinstance(prompt, str):
             return True
         via_template = getattr(self, "_template_plain_text", None)  # data.plain_prompts, where it exists
-        return bool(via_template is not None and via_template(uid))
+        return bool(via_template is not None and via_template(where))
 
     def reward_functions(self):
         """The rewards the task was built with (reward.functions), weight 1 each unless given."""
@@ -410,10 +413,10 @@ def _prompt_value(value, where: str, column: str, keep_empty: bool):
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        for j, m in enumerate(value):
+        for j, m in enumerate(value, 1):  # counted as a reader counts: the first message is message 1
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise DataFileError(f"{where}: message {j} of column {column!r} is not a {{'role': str, 'content': str}} "
-                                 f"mapping: {m!r}")
+                raise DataFileError(f"{where}: message {j} of column {column!r} is not a "
+                                    f"{{'role': str, 'content': str}} mapping: {m!r}")
             if m["role"] not in ROLES:
                 import difflib
 

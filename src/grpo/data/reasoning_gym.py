@@ -158,7 +158,7 @@ class ReasoningGymTask:
 
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": entry["question"]})
-        text, templated = render_messages(self.tokenizer, messages)
+        text, templated = render_messages(self.tokenizer, messages, where=f"{split} prompt '{split}-{i}'")
         return Prompt(uid=f"{split}-{i}", text=text, answer=str(entry["answer"]),
                       meta={"rg_split": split, "rg_index": i}, templated=templated)
 

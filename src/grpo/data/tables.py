@@ -9,7 +9,7 @@
                       no value changes ("007", "1.50" and "1e3" stay text); an empty cell is None
 
 A row missing a column gets None there, as `datasets` fills it. `Table.lines` holds the line each row starts on
-(1-based, as an editor shows it; None for a JSON array). Errors name the file and the line:
+(1-based, as an editor shows it; a JSON array's element too: `array_lines`). Errors name the file and the line:
 bytes that are not UTF-8, a line that is not JSON (cut off), a row that is not an object.
 Parquet, `save_to_disk` directories and Hub names still go through `datasets` (grpo.data.files).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 from grpo.errors import DataFileError
@@ -103,10 +104,33 @@ def _json_document(text: str, shown: str) -> Table:
     if not isinstance(value, list) or not value:
         raise TableError(f"{shown}: expected a JSON array of row objects (or JSON lines), got "
                          f"{'an empty array' if value == [] else type(value).__name__}")
+    lines = array_lines(text)
     for i, row in enumerate(value):
         if not isinstance(row, dict):
-            raise TableError(f"{shown}: element {i} of the array is a JSON {type(row).__name__}, not an object")
-    return Table(value)
+            raise TableError(f"{shown} line {lines[i]}: an element of the array is a JSON {type(row).__name__}, "
+                             "not an object")
+    return Table(value, lines)
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def array_lines(text: str) -> list[int]:
+    """The line (1-based, as an editor shows it) on which each element of the JSON array `text` starts, so a row
+    of a .json file is named like a row of a .jsonl file. `text` is valid JSON (a leading BOM is skipped)."""
+    decoder, lines = json.JSONDecoder(), []
+    i = _SPACE.match(text, 1 if text.startswith("\ufeff") else 0).end() + 1  # past "["
+    line, counted = 1, 0
+    while True:
+        i = _SPACE.match(text, i).end()
+        if i >= len(text) or text[i] == "]":
+            return lines
+        line, counted = line + text.count("\n", counted, i), i
+        lines.append(line)
+        _, i = decoder.raw_decode(text, i)
+        i = _SPACE.match(text, i).end()
+        if i < len(text) and text[i] == ",":
+            i += 1
 
 
 def _csv_rows(text: str, shown: str, delimiter: str) -> tuple[list[dict], list[int]]:

@@ -7,9 +7,10 @@ section 9, cases 12-14), so a bad row fails the run at start, naming itself, ins
                                                     characters than data.max_prompt_tokens tokens can hold
     check_lengths(train, test, tokenizer, cfg)      after the tokenizer loads: prompts over data.max_prompt_tokens
 
-An error is a `DataError` naming the split, the row (index and uid) and the column. With
-`data.filter_long_prompts=true` empty and over-long prompts are dropped instead, and the count is logged; a
-missing column is always an error (a reward function could not score the row).
+An error is a `DataError` naming the row (a data file's by the line an editor shows, e.g. `train.jsonl line 5`;
+a generated task's by its uid) and the column. With `data.filter_long_prompts=true` empty and over-long prompts are
+dropped instead, and the count is logged; a missing column is always an error (a reward function could not score
+the row). A run that would draw each train prompt more than 1,000 times is warned about.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def required_columns(fn) -> list[str]:
             and p.name not in ("prompts", "completions")]
 
 
-def _row(split: str, i: int, p: Prompt) -> str:
-    """'train row 3 (uid ...)', and for a data file row the line an editor shows: '..., train.jsonl line 5'."""
-    return f"{split} row {i} (uid {p.uid!r}" + (f", {p.where})" if p.where else ")")
+def _row(split: str, p: Prompt) -> str:
+    """A row named one way: a data file's by the line an editor shows ('train.jsonl line 5', 1-based, as every data
+    message names it; its uid is 'train.jsonl:5'), a generated task's by its uid ("train prompt 'train-3'")."""
+    return p.where if p.where else f"{split} prompt {p.uid!r}"
 
 
 def _has(p: Prompt, column: str) -> bool:
@@ -60,8 +62,8 @@ def _drop(split: str, prompts: list[Prompt], bad: list[tuple[int, str]], what: s
     if not bad:
         return prompts
     rows = {i for i, _ in bad}
-    shown = ", ".join(f"{i} ({why})" for i, why in bad[:5]) + (" ..." if len(bad) > 5 else "")
-    log.warning("data.filter_long_prompts: dropped %d of %d %s prompts (%s): rows %s", len(bad), len(prompts),
+    shown = ", ".join(f"{_row(split, prompts[i])} ({why})" for i, why in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log.warning("data.filter_long_prompts: dropped %d of %d %s prompts (%s): %s", len(bad), len(prompts),
                 split, what, shown)
     return [p for i, p in enumerate(prompts) if i not in rows]
 
@@ -91,7 +93,7 @@ def check_rows(train: list[Prompt], test: list[Prompt], reward_specs, cfg) -> tu
     for i, p in enumerate(train):
         missing = [c for c in needs if not _has(p, c)]
         if missing:
-            raise DataError(f"{_row('train', i, p)} has no column {missing[0]!r}, which reward function "
+            raise DataError(f"{_row('train', p)} has no column {missing[0]!r}, which reward function "
                             f"{needs[missing[0]]!r} needs (columns it has: "
                             f"{['prompt'] + (['answer'] if p.answer is not None else []) + sorted(p.meta)})")
     out = []
@@ -99,11 +101,26 @@ def check_rows(train: list[Prompt], test: list[Prompt], reward_specs, cfg) -> tu
         empty = [(i, "empty") for i, p in enumerate(prompts) if not p.text or not p.text.strip()]
         if empty and not cfg.data.filter_long_prompts:
             i = empty[0][0]
-            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' is empty ({len(empty)} such rows); "
+            raise DataError(f"{_row(split, prompts[i])}: column 'prompt' is empty ({len(empty)} such rows); "
                             "fix the data or set data.filter_long_prompts=true to drop them")
         out.append(_drop(split, prompts, empty, "empty"))
     _enough(out[0], out[1], cfg, " after dropping empty prompts")
+    _warn_passes(out[0], cfg)
     return out[0], out[1]
+
+
+MAX_PASSES = 1000  # passes over the train prompts past which a run is warned about (train.steps' description)
+
+
+def _warn_passes(train: list[Prompt], cfg) -> None:
+    """A warning when train.steps x rollout.prompts_per_step draws each train prompt more than MAX_PASSES times:
+    more steps than the data can hold (the model would learn the prompts by heart long before the end)."""
+    steps, P = cfg.train.steps, cfg.rollout.prompts_per_step
+    passes = steps * P / len(train)
+    if passes > MAX_PASSES:
+        log.warning("train.steps=%d x rollout.prompts_per_step=%d draws each of the %d train prompts about %.3g "
+                    "times, more than %d passes over the data: lower train.steps or give more data", steps, P,
+                    len(train), passes, MAX_PASSES)
 
 
 def max_token_chars(tokenizer) -> int:
@@ -129,7 +146,7 @@ def check_prompt_chars(train: list[Prompt], test: list[Prompt], tokenizer_loader
         bad = [(i, f"{len(p.text)} characters") for i, p in enumerate(prompts) if len(p.text) > limit * per_token]
         if bad and not cfg.data.filter_long_prompts:
             i = bad[0][0]
-            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' has {bad[0][1]}, more than "
+            raise DataError(f"{_row(split, prompts[i])}: column 'prompt' has {bad[0][1]}, more than "
                             f"data.max_prompt_tokens={limit} tokens can hold (a token of this tokenizer stands for "
                             f"at most {per_token} characters; {len(bad)} such rows in {split}); shorten the "
                             "prompts, raise data.max_prompt_tokens or set data.filter_long_prompts=true")
@@ -146,7 +163,7 @@ def check_lengths(train: list[Prompt], test: list[Prompt], tokenizer, cfg) -> tu
         bad = [(i, f"{len(x)} tokens") for i, x in enumerate(ids) if len(x) > limit or not x]
         if bad and not cfg.data.filter_long_prompts:
             i = bad[0][0]
-            raise DataError(f"{_row(split, i, prompts[i])}: column 'prompt' has {bad[0][1]}, outside 1.."
+            raise DataError(f"{_row(split, prompts[i])}: column 'prompt' has {bad[0][1]}, outside 1.."
                             f"data.max_prompt_tokens={limit} ({len(bad)} such rows in {split}); shorten the "
                             "prompts, raise data.max_prompt_tokens or set data.filter_long_prompts=true")
         out.append(_drop(split, prompts, bad, f"over data.max_prompt_tokens={limit} or empty after tokenisation"))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from grpo.tokens import apply_chat_template
+
 
 def tool_listing(tools: Sequence[dict]) -> str:
     """A system message's text telling a model whose chat template shows no tools which tools it has and how to call
@@ -38,10 +40,12 @@ def message_text(content) -> str:
     return "".join(parts)
 
 
-def render_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> tuple[str, bool]:
+def render_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] | None = None,
+                    where: str = "a prompt") -> tuple[str, bool]:
     """(prompt text, templated) for `messages` ([{'role', 'content'}, ...]) and optional OpenAI-style tool
     definitions ([{'type': 'function', 'function': {'name', 'description', 'parameters'}}]) for the chat template.
-    Raises ValueError when `messages` is empty or a message has no role."""
+    Raises ValueError when `messages` is empty or a message has no role, ChatTemplateError naming `where` (the
+    row) when the template fails on them."""
     if not messages:
         raise ValueError("render_messages: no messages to render")
     plain = [{"role": m.get("role"), "content": message_text(m.get("content"))} for m in messages]
@@ -50,7 +54,7 @@ def render_messages(tokenizer, messages: Sequence[dict], tools: Sequence[dict] |
             raise ValueError(f"render_messages: message {i} has no role: {messages[i]!r}")
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         kwargs = {"tools": list(tools)} if tools else {}
-        text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **kwargs)
+        text = apply_chat_template(tokenizer, plain, where, add_generation_prompt=True, **kwargs)  # names `where`
         return text, True
     paragraphs = [m["content"].strip() for m in plain if m["content"].strip()]
     return "\n\n".join(paragraphs) + "\n", False

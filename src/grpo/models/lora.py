@@ -26,7 +26,7 @@ import torch
 log = logging.getLogger("grpo.models")
 
 __all__ = ["AdapterDisabledReference", "FrozenReference", "apply_lora", "frozen_copy", "is_peft", "merged_state_dict",
-           "reference_policy", "save_final", "unwrap", "check_target_modules"]
+           "reference_policy", "save_final", "saved_bytes", "unwrap", "check_target_modules"]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -170,6 +170,23 @@ def save_final(model, directory: str | Path, *, merged: bool = False, state_dict
         return
     kwargs = {"state_dict": state_dict} if state_dict is not None else {}
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
+
+
+def saved_bytes(model, *, merged: bool = False) -> int:
+    """About the bytes of the weights save_final (or a checkpoint) writes for `model`: a PeftModel's adapter (its
+    base's weights when `merged`), else the state dict, each storage once (tied weights are stored once)."""
+    model = unwrap(model)
+    if is_peft(model):
+        if merged:
+            tensors = [v for k, v in model.get_base_model().state_dict().items() if ".lora_" not in k]
+        else:
+            from peft import get_peft_model_state_dict
+
+            tensors = list(get_peft_model_state_dict(model).values())
+    else:
+        tensors = list(model.state_dict().values())
+    seen = {(t.data_ptr(), t.numel(), t.dtype) if t.numel() else id(t): t.numel() * t.element_size() for t in tensors}
+    return sum(seen.values())
 
 
 def frozen_copy(model):

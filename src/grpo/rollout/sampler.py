@@ -54,11 +54,17 @@ def encode_prompts(tokenizer, prompts: list[Prompt], max_prompt_tokens: int | No
     return prompt_ids, prompt_mask
 
 
+TRAINED_STEPS = "grpo_trained_steps"  # a model attribute: the training steps of this process applied to its weights
+
+
 def check_logits(model: torch.nn.Module, logits: torch.Tensor) -> None:
     """Raise NonFiniteLogitsError when a row of the next-token logits (B, V) holds a NaN or +inf, or has no finite
     value at all; a -inf for some tokens (a token the model never emits) is fine. The message names the model (the
     directory it was loaded from), what the logits hold, and the cause: weight tensors holding NaN/inf (named), or
-    else finite weights whose activations overflow in the model's dtype."""
+    else finite weights whose activations overflow in the model's dtype. A model the trainer has updated (its
+    `grpo_trained_steps` attribute, TRAINED_STEPS, above 0) is said to have been made so by training, the model on
+    disk untouched; the training loop turns that into grpo.train.diverged's message (the step, the settings, the
+    last checkpoint)."""
     nan, posinf = torch.isnan(logits).any(-1), torch.isposinf(logits).any(-1)
     bad = nan | posinf | torch.isneginf(logits).all(-1)
     if not bool(bad.any()):
@@ -69,7 +75,13 @@ def check_logits(model: torch.nn.Module, logits: torch.Tensor) -> None:
     params = list(model.named_parameters())
     broken = [n for n, p in params if not bool(torch.isfinite(p).all())]
     dtype = str(params[0][1].dtype).removeprefix("torch.") if params else "its dtype"
-    if broken:
+    trained = getattr(model, TRAINED_STEPS, 0)  # set by the trainer: the weights in memory are no longer the disk's
+    if trained:
+        held = (f"{len(broken)} of its {len(params)} weight tensors {'holds' if len(broken) == 1 else 'hold'} NaN/inf "
+                f"(the first: {broken[0]})" if broken else "its weights are finite but so large that they overflow")
+        cause = (f"{held} after {trained} training step(s) of this run: the training made them so (the learning "
+                 "rate or the rewards' scale), the model on disk is untouched")
+    elif broken:
         cause = (f"{len(broken)} of its {len(params)} weight tensors {'holds' if len(broken) == 1 else 'hold'} NaN/inf "
                  f"(the first: {broken[0]}): its weights are damaged; copy or save the model again from a good source")
     else:
@@ -77,8 +89,10 @@ def check_logits(model: torch.nn.Module, logits: torch.Tensor) -> None:
                  + ("; load it in float32 (model.dtype=float32)" if dtype != "float32" else
                     ": some weights are too large (a bad conversion or merge?)"))
     rows = "its prompt" if bad.numel() == 1 else f"{int(bad.sum())} of {bad.numel()} prompts"
-    raise NonFiniteLogitsError(f"the model {name or '(in memory)'} produces non-finite logits ({what} in the "
+    err = NonFiniteLogitsError(f"the model {name or '(in memory)'} produces non-finite logits ({what} in the "
                                f"next-token logits of {rows}): {cause}. Its completions would be garbage, scored 0")
+    err.logits = what  # what the logits hold, for the trainer's own message (grpo.train.diverged)
+    raise err
 
 
 @torch.no_grad()

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from grpo.errors import DiskFullError
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -28,13 +30,28 @@ class JsonlWriter:
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, self.path)
         self._file = open(self.path, "a", encoding="utf-8")
+        self._failed = False
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}, ensure_ascii=False) + "\n")
-        self._file.flush()
+        line = json.dumps({k: _clean(v) for k, v in record.items()}, ensure_ascii=False) + "\n"
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:
+            from grpo.tracking.rundir import disk_full, disk_full_message
+
+            if disk_full(e):  # the resume drops a line cut short (grpo.train.checkpoint.resume.repair_jsonl)
+                self._failed = True
+                raise DiskFullError(f"{disk_full_message(self.path, len(line.encode()))}; the line may be cut "
+                                    "short, a resume drops it") from e
+            raise
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the rest of a line a full disk cut short: write() said so already
+            if not self._failed:
+                raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -45,8 +62,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and rename, so readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    """Write JSON through a temporary file and rename, so readers never see half a file (a full disk: DiskFullError
+    naming it, grpo.tracking.rundir.write_text_atomic)."""
+    from grpo.tracking.rundir import write_text_atomic
+
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str))

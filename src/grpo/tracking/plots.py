@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from grpo.tracking.metrics import read_jsonl
@@ -79,14 +80,24 @@ def plot_run(run_dir: Path) -> list[Path]:
             ax.set_xlim(left=0)
     fig.tight_layout()
     paths = [out_dir / "training.png"]
-    fig.savefig(paths[0], dpi=110)
+    _save(fig, paths[0], dpi=110)
     for i, name in enumerate(("reward.png", "accuracy.png")):
         extent = axes[i].get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans.inverted())
-        fig.savefig(out_dir / name, dpi=110, bbox_inches=extent.expanded(1.05, 1.08))
+        _save(fig, out_dir / name, dpi=110, bbox_inches=extent.expanded(1.05, 1.08))
         paths.append(out_dir / name)
     plt.close(fig)
     paths.append(plot_dynamics(rows, out_dir / "dynamics.png"))
     return paths
+
+
+def _save(fig, path: Path, **kwargs) -> None:
+    """The figure drawn in memory, then written whole or not at all: a full disk is one DiskFullError naming the
+    disk and the bytes the image needed, never half a PNG."""
+    from grpo.tracking.rundir import write_bytes_atomic
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **kwargs)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def plot_dynamics(rows: list[dict], path: Path) -> Path:
@@ -120,6 +131,6 @@ def plot_dynamics(rows: list[dict], path: Path) -> Path:
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    _save(fig, path, dpi=100)
     plt.close(fig)
     return path

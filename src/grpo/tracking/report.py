@@ -42,7 +42,7 @@ def _completion(sample: dict, j: int, text: str) -> str:
 def write_report(run_dir: Path) -> Path:
     """Write run_dir/report.html and return its path. Raises RunDirError (a UserError and a FileNotFoundError)
     naming what is wrong when run_dir is not a readable run directory."""
-    from grpo.tracking.rundir import check_run_dir
+    from grpo.tracking.rundir import check_run_dir, write_text_atomic
 
     run_dir = check_run_dir(run_dir)
     from grpo.tracking.plots import plot_run
@@ -84,5 +84,5 @@ td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}.turn.env{{color:#5
 <h2>Metrics</h2><table id="metrics"><tr><th>step</th>{''.join(f'<th>{_fmt(k)}</th>' for k in keys)}</tr>{table}</table>
 <h2>Sample groups</h2><div id="samples">{groups}</div><h2>Config</h2><pre>{html.escape(config)}</pre></body></html>"""
     out = run_dir / "report.html"
-    out.write_text(page)
+    write_text_atomic(out, page)  # whole or not at all; a full disk: DiskFullError naming it and the bytes needed
     return out

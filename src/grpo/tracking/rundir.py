@@ -3,10 +3,14 @@ the run directory `grpo report` reads. Each failure is one UserError naming the 
 
     check_output_dir(path)    ConfigError unless a run can write there (it is created when missing)
     check_output_file(path)   ConfigError unless a results file can be written there (checked before the work)
-    write_text_atomic(path)   a file written whole or not at all (a temporary name, then a rename)
+    write_text_atomic(path)   a file written whole or not at all (a temporary name, then a rename); a full disk is
+                              a DiskFullError naming the disk, its free space and the bytes the file needed
+    write_bytes_atomic(path)  the same for bytes (the plots)
     check_run_dir(path)       RunDirError unless it is a readable grpo run directory
-    disk_full(err)            whether an error (or its cause) is "no space left" (ENOSPC / EDQUOT)
-    disk_full_message(path)   "the disk is full (...) on <mount>" naming the mount point, its free space and the path
+    disk_full(err, where)     whether an error (or its cause) is "no space left" (ENOSPC / EDQUOT), or torch's own
+                              words for a failed write ("unexpected pos") while the disk at `where` is full
+    disk_full_message(path)   "the disk is full (...) on <mount>" naming the mount point, its free space, the bytes
+                              needed and the path
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from grpo.errors import ConfigError, DiskFullError, RunDirError
 
 __all__ = ["check_output_dir", "check_output_file", "check_run_dir", "disk_full", "disk_full_message",
-           "write_text_atomic"]
+           "write_bytes_atomic", "write_text_atomic"]
 
 FIELD = "train.output_dir (--output-dir)"
 
@@ -56,7 +60,8 @@ def check_output_file(path: str | Path, field: str = "--output") -> Path:
         raise ConfigError(f"{field} is empty: pass a file path, e.g. results.json")
     p = Path(path).expanduser()
     if p.is_dir():
-        raise ConfigError(f"{field}={str(path)!r} is a directory; pass a file path inside it, e.g. {p / 'results.json'}")
+        raise ConfigError(f"{field}={str(path)!r} is a directory; pass a file path inside it, e.g. "
+                          f"{p / 'results.json'}")
     if not p.parent.is_dir():
         raise ConfigError(f"{field}={str(path)!r}: the folder {p.parent} does not exist; create it first")
     if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
@@ -67,17 +72,23 @@ def check_output_file(path: str | Path, field: str = "--output") -> Path:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write `text` to `path` whole or not at all: a temporary file beside it, fsynced, then renamed over it.
     A full disk is a DiskFullError naming it (the temporary file removed, an older `path` untouched)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """write_text_atomic for bytes."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
+        tmp.unlink(missing_ok=True)  # first: the free space the message names is the disk's without it
         if disk_full(e):
-            raise DiskFullError(f"{disk_full_message(path)}; nothing was written there") from e
+            raise DiskFullError(f"{disk_full_message(path, len(data))}; nothing was written there") from e
         raise
     finally:
         if tmp.exists():
@@ -85,20 +96,38 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 _FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+# torch's words for a write its C++ stream could not finish (it names no errno): a full disk when the disk is full
+_TORCH_WRITE = ("unexpected pos", "PytorchStreamWriter failed", "file write failed", "basic_ios::clear")
+_NEARLY_FULL = 16 * 2**20  # bytes free below which a failed write is taken for a full disk
 
 
-def disk_full(err: BaseException | None) -> bool:
+def disk_full(err: BaseException | None, where: str | Path | None = None) -> bool:
     """Whether `err` or an error in its cause/context chain is "no space left on device" (or a disk quota). torch
-    reports a full disk as a RuntimeError ("unexpected pos", "file write failed"), so its text counts too."""
+    reports a full disk as a RuntimeError ("[enforce fail at inline_container.cc:672] unexpected pos", "file write
+    failed") without an errno: those count when the disk holding `where` (checked before the partial write there is
+    removed) has less than 16 MiB free."""
     seen = set()
+    torch_write = False
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in _FULL:
             return True
         if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
             return True
+        torch_write = torch_write or any(m in str(err) for m in _TORCH_WRITE)
         err = err.__cause__ or err.__context__
+    if torch_write and where is not None:
+        try:
+            return shutil.disk_usage(_existing(Path(where))).free < _NEARLY_FULL
+        except OSError:
+            return False
     return False
+
+
+def _existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
 
 
 def format_bytes(n: float) -> str:
@@ -110,20 +139,20 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def disk_full_message(path: str | Path) -> str:
-    """"the disk is full (No space left on device) on <mount point> (F free of T) while writing <path>"."""
+def disk_full_message(path: str | Path, needed: int | None = None) -> str:
+    """"the disk is full (No space left on device) on <mount point> (F free of T; about N needed) while writing
+    <path>": `needed` is what the whole file or directory takes (None: not said)."""
     p = Path(path).absolute()
-    here = p
-    while not here.exists() and here != here.parent:
-        here = here.parent
+    here = _existing(p)
     mount = here
     while not os.path.ismount(mount) and mount != mount.parent:
         mount = mount.parent
+    need = f"about {format_bytes(needed)} needed" if needed else ""
     try:
         usage = shutil.disk_usage(here)
-        room = f" ({format_bytes(usage.free)} free of {format_bytes(usage.total)})"
+        room = f" ({format_bytes(usage.free)} free of {format_bytes(usage.total)}{'; ' + need if need else ''})"
     except OSError:
-        room = ""
+        room = f" ({need})" if need else ""
     return f"the disk is full (No space left on device) on {mount}{room} while writing {p}"
 
 

@@ -2,8 +2,8 @@
 warnings, checkpoints (atomic) and resume, preemption, the non-finite guard, final model, summary and plots.
 Everything written here follows DESIGN.md's run-directory contract; docs/reliability.md lists the faults.
 
-- Resume (`--resume`, train/checkpoint/resume.py): the newest committed checkpoint of the run directory (partial ones are
-  skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
+- Resume (`--resume`, train/checkpoint/resume.py): the newest committed checkpoint of the run directory (partial ones
+  are skipped with a warning) restores model, optimizer, scheduler, RNG states, data position, step, the non-finite
   streak and the health monitor and reward guard (their state_dict()), so the run continues bitwise as if never
   stopped. Changing a setting that changes what a step means (INCOMPATIBLE) is refused with a ConfigError naming
   the fields; other changes are printed.
@@ -14,6 +14,7 @@ Everything written here follows DESIGN.md's run-directory contract; docs/reliabi
   a weighted reward function save a checkpoint and raise RewardsMissing (a HealthGuardError: exit code 3).
 - Non-finite guard: a step whose loss or gradient norm is NaN/inf is skipped by `policy_update`; here it is
   counted and the batch's prompt uids printed, and `train.max_nan_steps` consecutive ones raise NonFiniteError.
+  Weights a step made NaN/inf (found by a save or the next generation) raise WeightsDiverged (train/diverged.py).
 - A failed checkpoint save (disk full) raises CheckpointError naming the previous, intact checkpoint, or with
   `train.on_save_error=continue` a failed periodic save is a warning and training goes on.
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.errors import DiskFullError, HealthGuardError, Preempted, RolloutWorkerError
+from grpo.errors import HealthGuardError, Preempted, RolloutWorkerError
 from grpo.parallel import NullWriter, SyncedGuard, barrier, checkpoint_views, full_state_dict, is_main
 from grpo.rewards.runner import reward_mean_std
 from grpo.tracking.clock import RunClock
@@ -39,6 +40,7 @@ from grpo.train.checkpoint import CheckpointError, save_checkpoint
 from grpo.train.guards import RewardGuard, ZeroSpreadGuard
 from grpo.train.preflight import cannot_learn_hint
 from grpo.train.checkpoint.preemption import PreemptionGuard
+from grpo.train.diverged import blamed_on_training, refuse_nonfinite
 from grpo.train.checkpoint.resume import (  # noqa: F401 (INCOMPATIBLE, check_resume_config: re-exported)
     INCOMPATIBLE,
     check_resume_config,
@@ -153,6 +155,7 @@ class _Run:
         trainer = self.trainer
         if self.last_saved == trainer.step_count:
             return newest_committed(self.run_dir)
+        refuse_nonfinite(self.cfg, self.run_dir, trainer)  # never commit weights a step made NaN (WeightsDiverged)
         model, optimizer = checkpoint_views(trainer.policy, trainer.optimizer, trainer.dist, for_save=True)
         optimizers, schedulers, extra_models = checkpointed(trainer, optimizer)
         state = {"step": trainer.step_count, "stream": trainer.stream.state_dict(), **self.state()}
@@ -272,7 +275,9 @@ class _Run:
 def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict:
     """Train until cfg.train.steps and write the run directory; returns summary.json's content. Raises Preempted
     (with .summary {"preempted": True, "steps", "checkpoint"}) after SIGTERM/SIGINT once the checkpoint is committed,
-    and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json."""
+    and a HealthGuardError when a guard stops a run that cannot learn; neither writes final/ or summary.json. A full
+    disk at any write (final/, best/, metrics, summary, plots) is a DiskFullError naming the disk and the place
+    (Trainer.train adds the last committed checkpoint and the command that finishes the run)."""
     cfg, run_dir = trainer.cfg, trainer.run_dir
     main = is_main()  # torchrun: rank 0 prints and writes files, the other ranks only compute
     con = RunConsole(cfg.train.steps, enabled=cfg.log.progress and main, console=None if main else _quiet())
@@ -315,7 +320,8 @@ def run_training(trainer, resume: bool = False, overwrite: bool = False) -> dict
             con.val_n = len(trainer.val_prompts)  # the step line's validation accuracy: its standard error
             con.start(run.start_step)
             while trainer.step_count < cfg.train.steps and not guard.requested:
-                run.step(metrics_file, samples_file)
+                with blamed_on_training(cfg, run_dir, trainer, run.start_step):  # NaN logits a step caused
+                    run.step(metrics_file, samples_file)
             if guard.requested:
                 raise Preempted(run.stop(), guard.signal_name)
         except BaseException:
@@ -334,7 +340,8 @@ def _finish(run: _Run) -> dict:
     if trainer.step_count > 0:
         run.save("final")
     final = run_dir / "final"
-    from grpo.models.lora import save_final
+    from grpo.models.lora import save_final, saved_bytes
+    from grpo.train.checkpoint.files import tokenizer_bytes
     from grpo.train.checkpoint.final import publish_dir
 
     def write_final(tmp: Path) -> None:  # a fresh directory each time: exactly this step's model (issue #41)
@@ -343,13 +350,11 @@ def _finish(run: _Run) -> dict:
 
     with run.clock.time("save"):
         gathered = full_state_dict(trainer.policy, trainer.dist)  # FSDP: every rank takes part; else None
-        if is_main():
-            try:  # a full disk: retried once into a fresh directory, then one message (the checkpoint is kept)
-                publish_dir(final, write_final, what=f"the final model (step {trainer.step_count})", attempts=2,
-                            share_with=[newest_committed(run_dir), run_dir / "checkpoints" / "best"])
-            except DiskFullError as e:
-                raise DiskFullError(f"{e}. The last committed checkpoint is intact: {newest_committed(run_dir)}; "
-                                    f"free space, then write final/ with: {resume_command(run_dir)}") from e
+        if is_main():  # a full disk: retried once into a fresh directory, then one message (the checkpoint is kept)
+            publish_dir(final, write_final, what=f"the final model (step {trainer.step_count})", attempts=2,
+                        share_with=[newest_committed(run_dir), run_dir / "checkpoints" / "best"],
+                        needed=lambda: saved_bytes(trainer.policy, merged=cfg.model.save_merged)
+                        + tokenizer_bytes(trainer.tokenizer))
     if run.acc_after is None:  # no evaluation at the last step (a run resumed there): the result is still measured
         run.acc_after = run.evaluate("test")
         if run.validates:

@@ -85,6 +85,7 @@ def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: 
     docstring). ref: the reference policy (kl.coef > 0) whose log-probs go with each batch, else None."""
     from grpo.models.compute import resolve_compute
     from grpo.models.loading import check_device_and_dtype
+    from grpo.rollout.sampler import TRAINED_STEPS
     from grpo.train.rollout_source import ScoredBatch
 
     K, version = cfg.rollout.max_staleness, None
@@ -94,6 +95,7 @@ def run_worker(producer, policy, cfg, weights, writer, should_stop, start_step: 
             return
         if weights.current() != version:
             version = weights.load_into(policy, should_stop)
+            setattr(policy, TRAINED_STEPS, version or 0)  # trained weights: the sampler's check says so
         rollouts, scores, gen_s, reward_s = producer.produce(step, per_step_generators=True)
         behaviour = ref_logp = None
         if cfg.rollout.top_p < 1.0:  # the sampler's log-probs are of the truncated distribution: the full one

@@ -23,13 +23,14 @@ from grpo.config import Config
 from grpo.data import task_from_config
 from grpo.data.stream import PromptStream
 from grpo.data.validate import check_lengths, check_prompt_chars, check_rows
+from grpo.errors import DiskFullError
 from grpo.models.compute import resolve_compute
 from grpo.models.loading import check_device_and_dtype, load_policy, model_tokenizer
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
 from grpo.rollout.factory import build_engine
-from grpo.rollout.sampler import check_model_logits
+from grpo.rollout.sampler import TRAINED_STEPS, check_model_logits
 from grpo.tracking.console import SMALL_N
 from grpo.tracking.memory import peak_rss_mb
 from grpo.tracking.progress import Phase
@@ -178,6 +179,7 @@ class Trainer:
         if self.critic is not None:
             metrics |= self.critic.update(batch)                       # PPO: the critic's own optimizer step
         self.step_count += 1
+        setattr(self.policy, TRAINED_STEPS, self.step_count)           # its weights are no longer the disk's
         self.rollouts.sync_weights(self.policy, self.step_count)       # vLLM engine / async worker: the new weights
         metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
         metrics |= self._perf_metrics(rollouts, t0, t1, scored.generate_s, scored.reward_s) | self.rollouts.metrics()
@@ -271,9 +273,13 @@ class Trainer:
     def train(self, resume: bool = False, overwrite: bool = False) -> dict:
         """The whole run (train/loop.py). resume: continue from the run directory's newest checkpoint; overwrite:
         move a non-empty run directory aside first (a new run never writes over another)."""
+        from grpo.train.checkpoint.resume import disk_full_note
         from grpo.train.loop import run_training
 
-        return run_training(self, resume=resume, overwrite=overwrite)
+        try:
+            return run_training(self, resume=resume, overwrite=overwrite)
+        except DiskFullError as e:  # any write of the run: what is intact, and the command that finishes it
+            raise DiskFullError(f"{e}. {disk_full_note(self.run_dir)}") from e
 
     def close(self) -> None:
         self.rollouts.close()

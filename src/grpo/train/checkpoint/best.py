@@ -4,10 +4,11 @@ A run's last model is not always its best (the default run once went 0.178 -> 0.
 end). Each validation evaluation that beats every earlier one (the one before training included) writes the policy
 to `checkpoints/best/` (`save_pretrained` model + tokenizer, loadable by `AutoModelForCausalLM.from_pretrained`, like
 `final/`) with `best.json` = {"step", "eval/val_accuracy", "eval/accuracy"}: the validation accuracy it was chosen by,
-and its accuracy on the test problems (measured once it was chosen, never used to choose). The directory is written fresh under a temporary name and renamed
-into place (final.py), so a kill leaves the previous best intact and no file of an older best survives. `train.keep_checkpoints` never deletes it: rotation touches
-`step-N` directories only. When no training step beats the starting model, there is no `best/` and the summary's
-`eval/best_step` is 0 (the model of `model.name`).
+and its accuracy on the test problems (measured once it was chosen, never used to choose). The directory is written
+fresh under a temporary name and renamed into place (final.py), so a kill leaves the previous best intact and no
+file of an older best survives; a full disk is one DiskFullError naming the disk and the bytes needed.
+`train.keep_checkpoints` never deletes it: rotation touches `step-N` directories only. When no training step beats
+the starting model, there is no `best/` and the summary's `eval/best_step` is 0 (the model of `model.name`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,11 @@ def save_best(policy, tokenizer, run_dir: Path, step: int, val_accuracy: float, 
         (tmp / "best.json").write_text(json.dumps({"step": step, "eval/val_accuracy": val_accuracy,
                                                    "eval/accuracy": test_accuracy}))
 
+    from grpo.models.lora import saved_bytes
+    from grpo.train.checkpoint.files import tokenizer_bytes
+
     run_dir = Path(run_dir)
     steps = sorted((run_dir / "checkpoints").glob("step-*"))
     return publish_dir(best_dir(run_dir), write, what=f"the best model (step {step})",
-                       share_with=[run_dir / "final", *steps[-1:]])
+                       share_with=[run_dir / "final", *steps[-1:]],
+                       needed=lambda: saved_bytes(policy, merged=merged) + tokenizer_bytes(tokenizer))

@@ -1,5 +1,6 @@
-"""The pieces a checkpoint is made of, shared by saving (train/checkpoint/save.py) and loading (train/checkpoint/load.py):
-the layout constants, CheckpointError, fsync and the manifest's file table, and the model's safetensors I/O."""
+"""The pieces a checkpoint is made of, shared by saving (train/checkpoint/save.py) and loading
+(train/checkpoint/load.py): the layout constants, CheckpointError, fsync and the manifest's file table, the model's
+safetensors I/O, torch.save through a Python file, and the bytes a checkpoint's parts take."""
 
 from __future__ import annotations
 
@@ -52,6 +53,41 @@ def _fsync_tree(root: Path) -> None:
         _fsync(Path(dirpath))
 
 
+def torch_save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file: a full disk is its OSError (ENOSPC) in the error's context, not only
+    torch's "[enforce fail at inline_container.cc:672] unexpected pos", which names no disk."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in `obj` (nested dicts, lists and tuples, e.g. an optimizer's state dict), each
+    storage once: about what torch.save writes of it."""
+    seen: set = set()
+    total = 0
+    todo = [obj]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            key = (x.data_ptr(), x.numel(), x.dtype) if x.numel() else id(x)
+            if key not in seen:
+                seen.add(key)
+                total += x.numel() * x.element_size()
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+    return total
+
+
+def tokenizer_bytes(tokenizer: Any) -> int:
+    """About the bytes `tokenizer.save_pretrained` writes: the tokenizer files of the directory it was loaded from
+    (0 when it has none)."""
+    root = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if not str(root) or not root.is_dir():
+        return 0
+    names = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template", "spiece")
+    return sum(f.stat().st_size for f in root.iterdir() if f.is_file() and f.name.startswith(names))
 
 
 def _file_table(root: Path) -> dict[str, dict[str, Any]]:
@@ -59,7 +95,8 @@ def _file_table(root: Path) -> dict[str, dict[str, Any]]:
     table = {}
     for p in sorted(q for q in root.rglob("*") if q.is_file() and q.name != MARKER):
         size = p.stat().st_size
-        table[p.relative_to(root).as_posix()] = {"size": size, "sha256": sha256_file(p) if size <= _HASH_LIMIT else None}
+        table[p.relative_to(root).as_posix()] = {"size": size,
+                                                 "sha256": sha256_file(p) if size <= _HASH_LIMIT else None}
     return table
 
 

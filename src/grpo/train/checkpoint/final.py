@@ -111,8 +111,9 @@ def _swap(tmp: Path, target: Path) -> None:
 
 
 def publish_dir(target: str | os.PathLike, write: Callable[[Path], None], *, what: str, attempts: int = 1,
-                share_with: Iterable[Path] = ()) -> Path:
-    """Write a directory with `write(tmp)` and swap it in as `target` (see the module docstring). Returns target."""
+                share_with: Iterable[Path] = (), needed: Callable[[], int | None] | None = None) -> Path:
+    """Write a directory with `write(tmp)` and swap it in as `target` (see the module docstring). Returns target.
+    needed(): about the bytes the directory takes, for the message of a full disk."""
     target = Path(target)
     root = target.parent
     root.mkdir(parents=True, exist_ok=True)
@@ -130,15 +131,20 @@ def publish_dir(target: str | os.PathLike, write: Callable[[Path], None], *, wha
             _swap(tmp, target)
             return target
         except BaseException as e:
+            full = isinstance(e, Exception) and disk_full(e, tmp)  # before the partial goes: torch's own words
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (isinstance(e, Exception) and disk_full(e)):
+            if not full:
                 raise
             last = e
             if attempt + 1 < attempts:
                 logger.warning("%s: %s; retrying into a fresh directory", what, disk_full_message(tmp))
     kept = f"the previous {target} is kept" if target.exists() else f"no {target.name}/ was written"
-    raise DiskFullError(f"{disk_full_message(target)} ({what}; tried {attempts} time(s), a fresh directory each "
-                        f"time); nothing half-written is left, {kept}") from last
+    try:
+        size = needed() if needed is not None else None
+    except Exception:  # noqa: BLE001 - an estimate for the message, never the error itself
+        size = None
+    raise DiskFullError(f"{disk_full_message(target, size)} ({what}; tried {attempts} time(s), a fresh directory "
+                        f"each time); nothing half-written is left, {kept}") from last
 
 
 def disk_report(run_dir: str | os.PathLike) -> str:
@@ -167,7 +173,8 @@ def disk_report(run_dir: str | os.PathLike) -> str:
         parts[part.relative_to(run_dir).as_posix()] = size
     total = sum(parts.values())
     freed = sum(parts[p.relative_to(run_dir).as_posix()] for p in steps)
-    shown = ", ".join(f"{k}/ {format_bytes(v)}" for k, v in parts.items() if k == "final" or k.startswith("checkpoints/"))
+    shown = ", ".join(f"{k}/ {format_bytes(v)}" for k, v in parts.items()
+                      if k == "final" or k.startswith("checkpoints/"))
     line = f"[grpo] on disk: {format_bytes(total)} in {run_dir} ({shown}; identical files stored once)"
     if steps:
         line += (f". The step checkpoints ({format_bytes(optimizer)} of it optimizer state) are only for --resume: "

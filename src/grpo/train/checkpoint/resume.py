@@ -104,7 +104,8 @@ def _holds(run_dir: Path) -> str:
     names = sorted(p.name for p in run_dir.iterdir())
     if not names:
         return "nothing"
-    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir() else []
+    ckpts = (sorted(p.name for p in (run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir()
+             else [])
     shown = ", ".join(names[:8]) + (f", ... ({len(names)} entries)" if len(names) > 8 else "")
     return shown + (f"; checkpoints {', '.join(ckpts[-3:])}" if ckpts else "")
 
@@ -112,6 +113,17 @@ def _holds(run_dir: Path) -> str:
 def newest_committed(run_dir: Path) -> Path | None:
     found = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMMITTED").is_file())
     return found[-1] if found else None
+
+
+def disk_full_note(run_dir: Path) -> str:
+    """What a full disk during a run leaves to resume from, for its DiskFullError: the last committed checkpoint
+    (intact) and the command that finishes the run once space is freed."""
+    last = newest_committed(Path(run_dir))
+    if last is not None:
+        return (f"The last committed checkpoint is intact: {last}; free space, then finish the run with: "
+                f"{resume_command(Path(run_dir))}")
+    return (f"No checkpoint was committed yet (nothing to --resume from): free space, then start the run again "
+            f"(with --overwrite if {run_dir} holds its files)")
 
 
 def repair_jsonl(path: Path, out) -> None:

@@ -42,6 +42,9 @@ from grpo.train.checkpoint.files import (
     _remove,
     _save_model,
     step_dir_name,
+    tensor_bytes,
+    tokenizer_bytes,
+    torch_save,
 )
 from grpo.train.checkpoint.final import link_identical, make_readable
 from grpo.train.checkpoint.load import Checkpoint, _committed, _verify, latest_checkpoint, load_checkpoint
@@ -96,12 +99,12 @@ def _write_contents(tmp: Path, step: int, model, tokenizer, optimizers, schedule
     extra_fmt = {name: _save_model(m, tmp / "extra" / name) for name, m in extra_models.items()}
     _fault_hook("after_extra_models")
     for name, opt in optimizers.items():
-        torch.save(opt.state_dict(), tmp / f"optimizer.{name}.pt")
+        torch_save(opt.state_dict(), tmp / f"optimizer.{name}.pt")
     _fault_hook("after_optimizers")
     for name, sched in schedulers.items():
-        torch.save(sched.state_dict(), tmp / f"scheduler.{name}.pt")
+        torch_save(sched.state_dict(), tmp / f"scheduler.{name}.pt")
     _fault_hook("after_schedulers")
-    torch.save(capture_rng_state(), tmp / "rng_state.pt")
+    torch_save(capture_rng_state(), tmp / "rng_state.pt")
     (tmp / "trainer_state.json").write_text(state_json)
     _fault_hook("after_state")
     return {"format": FORMAT, "version": VERSION, "step": step,
@@ -140,6 +143,18 @@ def _retain(root: Path, keep_last: int, newest: Path) -> None:
             _remove(p)
         except OSError as e:
             logger.warning("could not delete old checkpoint %s: %s", p, e)
+
+
+def checkpoint_bytes(model, tokenizer, optimizers: dict, extra_models: dict) -> int | None:
+    """About the bytes a checkpoint of these takes (weights, optimizer states, tokenizer files); None when it cannot
+    be told."""
+    from grpo.models.lora import saved_bytes
+
+    try:
+        return (saved_bytes(model) + sum(saved_bytes(m) for m in extra_models.values())
+                + sum(tensor_bytes(o.state_dict()) for o in optimizers.values()) + tokenizer_bytes(tokenizer))
+    except Exception:  # noqa: BLE001 - an estimate for a message: never the error itself
+        return None
 
 
 def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Module, tokenizer: Any = None,
@@ -187,13 +202,16 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: torch.nn.Mo
         _fault_hook("after_marker")
         _publish(tmp, final)
     except BaseException as e:
+        full = isinstance(e, Exception) and disk_full(e, tmp)  # before the partial goes: torch's "unexpected pos"
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: cleaned up, propagate as is
             raise
-        if disk_full(e):
-            err = CheckpointError(f"saving checkpoint step {step} to {final} failed: {disk_full_message(final)}; "
-                                  "nothing half-written is left, earlier checkpoints are untouched")
+        if full:
+            needed = checkpoint_bytes(model, tokenizer, optimizers, extra_models)
+            err = CheckpointError(f"saving checkpoint step {step} to {final} failed: "
+                                  f"{disk_full_message(final, needed)}; nothing half-written is left, earlier "
+                                  "checkpoints are untouched")
             err.disk_full = True
             raise err from e
         raise CheckpointError(f"saving checkpoint step {step} to {final} failed: {type(e).__name__}: {e}") from e
