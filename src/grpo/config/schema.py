@@ -8,6 +8,7 @@ The resolved config is saved as `config.yaml` in the run directory and loads bac
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import yaml
@@ -216,8 +217,10 @@ class AlgoConfig(_Section):
     def _tis_cap(cls, v):
         if v is None or (isinstance(v, str) and v.strip().lower() == "auto"):
             return "auto" if v is not None else None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
-            raise ValueError(f"must be a positive, finite cap (2 is the usual), auto, or null (off), got {v!r}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}: no setting takes inf or NaN")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(f"must be a positive cap (2 is the usual), auto, or null (off), got {v!r}")
         return float(v)
 
     @field_validator("advantage")
@@ -326,8 +329,10 @@ class TrainConfig(_Section):
             return "auto"
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"must be a number of GiB (e.g. 11.0) or auto, got {v!r}")
-        if not 0 < v < float("inf"):  # NaN too
-            raise ValueError(f"must be a positive, finite number of GiB (or auto), got {v!r}")
+        if not math.isfinite(v):
+            raise ValueError(f"must be a finite number, got {v!r}: no setting takes inf or NaN")
+        if v <= 0:
+            raise ValueError(f"must be a positive number of GiB (or auto), got {v!r}")
         return float(v)
 
     @field_validator("preflight", mode="before")
