@@ -252,6 +252,20 @@ def test_a_run_prints_its_plan_and_records_plan_and_peak(model_dir, tmp_path):
     assert f"micro_batch_tokens: {summary['memory/micro_batch_tokens']}" in saved
 
 
+def test_the_built_in_models_run_peaks_within_a_quarter_of_its_plan(tmp_path):
+    """The built-in model's run with its defaults (the plan's micro-batch, train.memory_limit=auto): the measured
+    peak of the process tree (summary.json) is within 25% of the plan printed at start, and within the limit."""
+    from grpo.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "train.steps=3", "eval.n=20", "eval.val_n=20", "log.plots=false", "--output-dir", str(run),
+                 "--quiet"]) == 0
+    s = json.loads((run / "summary.json").read_text())
+    peak, planned = s["memory/peak_rss_mb"], s["memory/planned_peak_mb"]
+    assert abs(peak - planned) <= 0.25 * planned, (peak, planned)
+    assert peak <= s["memory/limit_mb"]
+
+
 def test_auto_holds_the_frozen_linears_in_bf16_only_where_float32_would_not_fit(model_dir, tmp_path, monkeypatch):
     """model.frozen_dtype=auto, no native bf16, LoRA: with the memory between the two plans' peaks the run takes
     model.frozen_dtype=bfloat16 (said in a note, saved in cfg); with room for float32 it keeps float32; set to
@@ -298,6 +312,7 @@ def test_8bit_moments_are_counted_and_offered_where_the_moments_are_a_large_part
                                       torch.float32, 20)
     assert plan.parts["optimizer"] == int(2 * n * (1 + 4 / 256))
     monkeypatch.setattr(memory_plan, "process_rss", lambda: 0)  # a small model: its moments beside no runtime
+    monkeypatch.setattr(memory_plan, "RUNTIME_GROWTH", 0)
     _limit(monkeypatch)
     with pytest.raises(ConfigError) as e:
         memory_plan.plan_memory(_cfg(model_dir, tmp_path, "optim.micro_batch_tokens=1", _gib(2**10)), model_dir, cpu,

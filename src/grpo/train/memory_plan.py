@@ -4,7 +4,8 @@
 
 The plan (bytes; `MemoryPlan.parts`):
 
-    runtime      this process before the model loads (Python, torch, transformers, the data): measured
+    runtime      this process before the model loads (Python, torch, transformers, the data): measured, plus
+                 RUNTIME_GROWTH (what loading and the first steps add beside the tensors)
     weights      the policy's parameters in model.dtype (LoRA: the base in model.frozen_dtype plus the fp32 adapters;
                  the base's linear layers at 2 bytes where they are held in bf16: precision.stores_linears_bf16)
     reference    pi_ref (kl.coef > 0): a frozen copy in model.frozen_dtype for full fine-tuning (its linear layers
@@ -58,6 +59,10 @@ __all__ = ["MemoryPlan", "longest_prompt", "plan_memory", "release_freed_memory"
 
 MAX_MICRO_BATCH_TOKENS = 8_192  # past this a larger micro-batch is no faster (bench/results/update_micro_batch.json)
 ACTIVATION_SLACK = 1.25  # what autograd's saved tensors leave out: transient buffers of the forward and backward
+# what the process adds beside its tensors once the model is loaded and the first steps have run (the model's code,
+# the kernels' scratch, the C heap's arenas): the built-in model's `grpo train` grew 180 MiB past its planned tensors
+# (56 MiB of it at load), SmolLM2-135M's similarly; counted in the runtime part (CPU)
+RUNTIME_GROWTH = 128 * 2**20
 ASYNC_WORKER_RUNTIME = 600 * 2**20  # a worker process's Python, torch and transformers (measured: ~0.5-0.6 GiB)
 GIB = 2**30
 
@@ -232,7 +237,8 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
         + cast_bytes + head_cast
     worker = weights + reference + generation + ASYNC_WORKER_RUNTIME if cfg.rollout.mode == "async" else 0
     train_bytes = 4 if lora else dtype_bytes  # gradients and AdamW's moments take the trained weights' dtype
-    parts = {"runtime": process_rss() if device.type == "cpu" else 0, "weights": weights, "reference": reference,
+    parts = {"runtime": process_rss() + RUNTIME_GROWTH if device.type == "cpu" else 0, "weights": weights,
+             "reference": reference,
              "gradients": trainable * train_bytes, "optimizer": optimizer_bytes(cfg.optim.name, trainable, train_bytes),
              "generation": generation, "worker": worker, "activations": 0}
     adamw_8bit_saves = 0 if lora or cfg.optim.name != "adamw" else (
