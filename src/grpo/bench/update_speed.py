@@ -1,5 +1,5 @@
-"""The policy update's seconds on one fixed batch of a real model, by micro-batch size and attention: what the memory
-plan's choices buy (train/memory_plan.py MAX_MICRO_BATCH_TOKENS, models/forward.py EAGER_MAX_POSITIONS).
+"""The policy update's seconds on one fixed batch of a real model, by micro-batch size: what the memory plan's
+choice buys (train/memory_plan.py MAX_MICRO_BATCH_TOKENS).
 
     python -m grpo.bench.update_speed --model DIR [--prompts 8 --group 8 --max-new-tokens 48] [--compute auto]
                                       [--threads N] [--repeats 2] [--output PATH]
@@ -13,8 +13,8 @@ batch for each arm, `--repeats` times, the arms interleaved, and the best repeat
 torch threads (default: torch's, one a core, as a run uses them) and the process's CPU seconds beside them (on one
 thread the CPU seconds are robust to other tenants' load; on several, threads waiting on each other count too). The
 learning rate is tiny (1e-9), so the batch's log-probs hardly move between arms. Arms: micro-batches of
-OLD_PLAN_TOKENS (the plan's choice for SmolLM2 before train.memory_limit), 1,024, 2,048, 4,096 tokens and the whole
-batch, all with eager attention where the plan takes it; and the whole batch with torch's sdpa kernel instead.
+OLD_PLAN_TOKENS (the plan's choice for SmolLM2 before train.memory_limit), 1,024, 2,048, 4,096 tokens (those below
+the whole batch) and the whole batch.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ COMMITTED = "bench/results/update_speed.json"
 OLD_PLAN_TOKENS = 293  # optim.micro_batch_tokens the plan chose for SmolLM2, P=8 G=8 T=48, before issue #49
 
 
-def arms(whole: int) -> list[tuple[str, int, int | None]]:
-    """(name, micro-batch tokens, eager attention's longest sequence; None: the default)."""
+def arms(whole: int) -> list[tuple[str, int]]:
+    """(name, micro-batch tokens): the sizes below the whole batch, then the whole batch."""
     sizes = [OLD_PLAN_TOKENS, 1024, 2048, 4096]
-    return ([(f"micro_batch_{n}", n, None) for n in sizes if n < whole] + [("whole_batch", whole, None),
-                                                                            ("whole_batch_sdpa", whole, 0)])
+    return [(f"micro_batch_{n}", n) for n in sizes if n < whole] + [("whole_batch", whole)]
 
 
 def measure(model: str, prompts: int, group: int, max_new_tokens: int, compute: str, repeats: int,
@@ -44,7 +43,6 @@ def measure(model: str, prompts: int, group: int, max_new_tokens: int, compute: 
 
     from grpo.bench.versus_trl import write_problems
     from grpo.config import load_config
-    from grpo.models import forward
     from grpo.train.trainer import Trainer
     from grpo.train.update import policy_update
 
@@ -65,16 +63,13 @@ def measure(model: str, prompts: int, group: int, max_new_tokens: int, compute: 
             out = {"compute": trainer.compute, "forward_tokens": whole, "completion_tokens": int(batch.mask.sum()),
                    "prompt_tokens": int(batch.prompt_ids.shape[1]), "width": int(batch.completion_ids.shape[1]),
                    "arms": {}}
-            eager = forward.EAGER_MAX_POSITIONS
             for _ in range(repeats):
-                for name, tokens, eager_max in arms(whole):
+                for name, tokens in arms(whole):
                     trainer.cfg.optim.micro_batch_tokens = tokens
-                    forward.EAGER_MAX_POSITIONS = eager if eager_max is None else eager_max
                     c0, w0 = time.process_time(), time.perf_counter()
                     policy_update(trainer.train_model, trainer.optimizer, trainer.scheduler, batch, trainer.cfg,
                                   trainer.dist, compute=trainer.compute)
                     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-                    forward.EAGER_MAX_POSITIONS = eager
                     best = out["arms"].setdefault(name, {"tokens": tokens, "cpu_s": cpu, "wall_s": wall})
                     best["cpu_s"], best["wall_s"] = min(best["cpu_s"], cpu), min(best["wall_s"], wall)
                     log(f"[update-speed] {name}: {cpu:.1f} CPU s ({wall:.1f} wall)")

@@ -41,12 +41,11 @@ class ParamCounts:
     linear: int = 0  # the weights of the base's linear layers but the head (models/precision.py storable_linears)
 
 
-def _build(config, dtype: torch.dtype, device: str, attention: str | None = None):
+def _build(config, dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, **({"attn_implementation": attention}
-                                                                          if attention else {}))
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     if device != "meta":
         model = model.to_empty(device=device)  # never written: the probe reads only shapes and storages
         model.tie_weights()  # to_empty gives each parameter its own storage
@@ -122,38 +121,21 @@ def _saved_bytes(model, tokens: int, compute: str = "weights") -> int:
 
 
 def saved_bytes_per_token(config, dtype: torch.dtype, lora=None, checkpointing: bool = False,
-                          compute: str = "weights", positions: int | None = None, device_type: str = "cpu") -> int:
+                          compute: str = "weights") -> int:
     """Bytes autograd keeps per token of a training forward through the whole decoder stack of `config` in `dtype`
     (see the module docstring), computed as `compute` says (model.compute_dtype resolved, models/compute.py); with
-    `checkpointing`, what gradient checkpointing keeps plus one layer's cost. positions: the sequences' length
-    (prompt + completion), when known: where the training forward takes eager attention for it
-    (models/forward.py short_attention), each token also keeps a row of each layer's attention probabilities,
-    linear in the length: measured on the probes with eager attention and scaled from PROBE_TOKENS to it."""
-    layer, outside, attention = _per_layer(config, dtype, lora, compute)
-    n = config.num_hidden_layers
-    if checkpointing:
-        hidden = getattr(config, "hidden_size", 0) * torch.finfo(dtype).bits // 8
-        return int(n * hidden + layer + outside)
-    total = n * layer + outside
-    if positions is not None:
-        from grpo.models.forward import EAGER_MAX_POSITIONS
-
-        if device_type == "cpu" and attention == "sdpa" and positions <= EAGER_MAX_POSITIONS:
-            eager_layer = _per_layer(config, dtype, lora, compute, "eager")[0]
-            total += n * max(eager_layer - layer, 0.0) * positions / PROBE_TOKENS
-    return int(total)
-
-
-def _per_layer(config, dtype: torch.dtype, lora, compute: str, attention: str | None = None):
-    """(bytes a token one decoder layer keeps, bytes a token outside the layers, the attention implementation the
-    probes took) from the one- and two-layer probes."""
-    per_model, used = [], None
+    `checkpointing`, what gradient checkpointing keeps plus one layer's cost."""
+    per_model = []
     for layers in (1, 2):
-        model = _with_lora(_build(_probe_config(config, layers), dtype, "cpu", attention), lora)
+        model = _with_lora(_build(_probe_config(config, layers), dtype, "cpu"), lora)
         try:
-            used = getattr(getattr(model, "config", None), "_attn_implementation", None)
             per_model.append(_saved_bytes(model, PROBE_TOKENS, compute) / PROBE_TOKENS)
         finally:
             del model
     layer = max(per_model[1] - per_model[0], 0.0)
-    return layer, max(per_model[0] - layer, 0.0), used
+    outside = max(per_model[0] - layer, 0.0)
+    n = config.num_hidden_layers
+    if checkpointing:
+        hidden = getattr(config, "hidden_size", 0) * torch.finfo(dtype).bits // 8
+        return int(n * hidden + layer + outside)
+    return int(n * layer + outside)

@@ -100,7 +100,7 @@ def unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, c
     mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], dim=1)
     T = completion_ids.shape[1]
     fn = (lambda hidden: head(hidden[:, :-1])) if head is not None else None  # the head sees T+1 positions
-    with replaced_head(model, fn), short_attention(model, ids.shape[1]):
+    with replaced_head(model, fn):
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                     use_cache=False, logits_to_keep=T + 1)
     return out.logits if head is not None else out.logits[:, :-1]
@@ -126,9 +126,8 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
         return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
     prompt_mask = prompt_mask.long()
     positions = position_ids_from_mask(prompt_mask)
-    with short_attention(model, L + T):
-        out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
-                    use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
+                use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
     if not _shareable(cache):  # sliding-window or other special cache layers
         return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
@@ -137,42 +136,11 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
     mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask[:, :-1].long()], dim=1)
     start = positions[:, -1:]  # position of the last prompt token (the last column is always a real token)
     pos = (start + torch.arange(T, device=start.device)).repeat_interleave(G, 0)
-    with replaced_head(model, head), short_attention(model, L + T):
+    with replaced_head(model, head):
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                     **cache_kwargs(model, cache))
     return out.logits
 
-
-# The training forwards of sequences at most this long take the model's eager attention on the CPU: torch's CPU
-# flash-attention backward cost 2.2 s of a 16.7 s bf16 update of SmolLM2 (P=8 G=8 T=48, 88 positions), eager's
-# matmuls far less (the update 14.4 s; bench/results/update_speed.json). Eager keeps each layer's (heads, S, S)
-# probabilities for the backward, which grows with S: the memory plan counts them (EAGER_BYTES a probability).
-EAGER_MAX_POSITIONS = 256
-
-
-def eager_positions(model_or_config, positions: int, device_type: str) -> bool:
-    """Whether a training forward of `positions` (prompt + completion) takes eager attention (short_attention)."""
-    config = getattr(model_or_config, "config", model_or_config)
-    return (device_type == "cpu" and positions <= EAGER_MAX_POSITIONS
-            and getattr(config, "_attn_implementation", None) == "sdpa")
-
-
-@contextlib.contextmanager
-def short_attention(model, positions: int):
-    """Within the block the model computes attention with its own eager implementation when `eager_positions` says
-    so (a CPU, sdpa, at most EAGER_MAX_POSITIONS positions, no gradient checkpointing); else nothing changes. The same math: a softmax over
-    the scaled scores, masked alike (transformers builds the mask for the implementation in use)."""
-    config = getattr(_base_model(model), "config", None)
-    param = next(model.parameters(), None)
-    recomputed = model.training and torch.is_grad_enabled() and _checkpointing(model)  # the backward's forward
-    if config is None or param is None or recomputed or not eager_positions(config, positions, param.device.type):
-        yield  # would run after the block, with sdpa again
-        return
-    config._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
 
 
 # ------------------------------------------------------------------ log-probs without the (N, T, V) logits

@@ -34,7 +34,7 @@ The limit is train.memory_limit (train/memory_limit.py: GiB, or auto: what this 
 margin). optim.micro_batch_tokens unset (None) is chosen here for speed within it: the step's whole batch when its
 activations fit (P prompts once each and P*G completions of max_new_tokens: the tokens the update really has; larger
 micro-batches would plan memory no step uses), capped at MAX_MICRO_BATCH_TOKENS, past which a larger micro-batch is no
-faster (bench/results/update_micro_batch.json); else the most tokens that fit, at least one completion row; else,
+faster (bench/results/update_speed.json); else the most tokens that fit, at least one completion row; else,
 when even one row does not fit, gradient checkpointing (model.gradient_checkpointing=auto) if that makes it fit.
 Micro-batches never change the gradient (train/update.py). A planned peak over the limit is refused (ConfigError)
 with the settings that would make it fit; train.memory_check=false runs it anyway.
@@ -57,7 +57,10 @@ log = logging.getLogger("grpo.train")
 
 __all__ = ["MemoryPlan", "longest_prompt", "plan_memory", "release_freed_memory", "step_tokens"]
 
-MAX_MICRO_BATCH_TOKENS = 8_192  # past this a larger micro-batch is no faster (bench/results/update_micro_batch.json)
+# past this a larger micro-batch is no faster: SmolLM2-135M's bf16 update of one P=8 G=8 T=48 batch (3,392 tokens)
+# took 0.96x the whole batch's seconds in micro-batches of 2,048 tokens, 1.09x in 1,024, 1.75x in 293
+# (bench/results/update_speed.json), and activations grow with the micro-batch
+MAX_MICRO_BATCH_TOKENS = 2_048
 ACTIVATION_SLACK = 1.25  # what autograd's saved tensors leave out: transient buffers of the forward and backward
 # what the process adds beside its tensors once the model is loaded and the first steps have run (the model's code,
 # the kernels' scratch, the C heap's arenas): the built-in model's `grpo train` grew 180 MiB past its planned tensors
@@ -246,10 +249,8 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     plan = MemoryPlan(parts, 0, 0, limit, bf16_base_saves=bf16_base_saves, adamw_8bit_saves=adamw_8bit_saves)
     fixed_activations = head + cast_bytes  # a micro-batch's activations beside its tokens' own
 
-    positions = prompt_tokens + (completion_tokens or T)  # short ones take eager attention (models/forward.py)
-
     def per_token_of(checkpointing: bool) -> int:
-        return saved_bytes_per_token(config, dtype, lora, checkpointing, compute, positions, device.type)
+        return saved_bytes_per_token(config, dtype, lora, checkpointing, compute)
 
     checkpointing = cfg.model.gradient_checkpointing
     choosing = cfg.optim.micro_batch_tokens is None
