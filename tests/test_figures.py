@@ -57,6 +57,7 @@ SOURCES = {
                                                 "bench/results/out_of_scope_parsers.json"),
     "bench/results/round_three.json": ("scripts/round_three_figures.py", "bench/results/round_three.json"),
     "bench/results/judge_budget*.json": ("scripts/judge_budget.py", "bench/results/judge_budget.json"),
+    "bench/results/update_speed.json": ("src/grpo/bench/update_speed.py", "bench/results/update_speed.json"),
 }
 
 README = "README.md"
@@ -98,6 +99,7 @@ BF16 = "bench/results/bf16_matmul.json"
 MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
+UPDATE_SPEED = "bench/results/update_speed.json"
 PRECISION_LEARNING = "bench/results/precision_learning.json"
 JUDGE = "bench/results/judge_budget.json"
 JUDGE_BEFORE = "bench/results/judge_budget_d413776.json"  # the same script on the code before issue #51
@@ -753,6 +755,11 @@ FIGURES = [
                                       "{v1:+.3f}, {v2:+.3f})",
       **{f"{k}{i}": (lambda d, k=k, i=i: d["summary"]["difference_bf16_minus_float32"]
                      [{"t": "gain_test", "v": "gain_val"}[k]]["values"][i]) for k in "tv" for i in range(3)}),
+    # docs/memory.md: what the micro-batch buys (grpo.bench.update_speed)
+    F(MEMORY_DOC, UPDATE_SPEED, "(P=8 G=8 T=48: {forward_tokens:,} tokens) updated in bf16"),
+    F(MEMORY_DOC, UPDATE_SPEED, "took {arms.micro_batch_293.over_whole_batch:.2f}x the whole batch's seconds, 1,024 "
+                                "tokens {arms.micro_batch_1024.over_whole_batch:.2f}x, 2,048 tokens "
+                                "{arms.micro_batch_2048.over_whole_batch:.2f}x"),
     # docs/memory.md: bf16 products on this CPU (scripts/bf16_matmul.py)
     F(MEMORY_DOC, BF16, "bfloat16 products ran at {shapes[0].bf16_over_fp32:.3f}x, {shapes[1].bf16_over_fp32:.3f}x and "
                         "{shapes[2].bf16_over_fp32:.3f}x float32's speed"),
