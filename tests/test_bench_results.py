@@ -93,7 +93,7 @@ def engines_alone(mp):
 def engines_model(mp):
     from grpo.bench import engines
 
-    mp.setattr(engines, "model_plan", lambda model: None)
+    mp.setattr(engines, "model_plan", lambda model, compute="weights": None)
     mp.setattr(engines, "run_engines", lambda plan, log: {})
     mp.setattr(engines, "summary", lambda result: "")
     return lambda: engines.main(["--model", "DIR"]), "engines_model.json", "bench/results/engines_model.json"

@@ -5,6 +5,10 @@
     python -m grpo.bench.engines --model DIR [--output PATH]          a real model, generation only, at the
                                                                      training defaults (P=16, G=8, T=32; committed
                                                                      results: --output bench/results/engines_model.json)
+    python -m grpo.bench.engines --model DIR --compute bfloat16       the same in bf16: ours under bf16 autocast, as
+                                                                     training samples where bf16 is native, against
+                                                                     generate on bf16 weights (committed results:
+                                                                     --output bench/results/engines_model_bf16.json)
     grpo bench                                                       appends it to the main bench's JSON ("engines")
 
 Without --output the results go to <GRPO_CACHE>/bench-results/ (engines.json, engines_model.json; grpo.bench.results):
@@ -37,6 +41,7 @@ docs/performance.md quotes it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
@@ -50,6 +55,7 @@ import torch
 
 COMMITTED = "bench/results/engines.json"  # what the docs quote: written only with --output naming it (results.py)
 MODEL_COMMITTED = "bench/results/engines_model.json"
+MODEL_BF16_COMMITTED = "bench/results/engines_model_bf16.json"  # --model DIR --compute bfloat16
 ENGINES = ("native", "vllm", "hf")
 
 
@@ -62,6 +68,9 @@ class EnginePlan:
     repeats: int
     name: str
     model_dir: str | None = None  # a real model (generation only); None: a model the bench builds
+    compute: str = "weights"  # a real model: what native samples in (model.compute_dtype resolved); "bfloat16": ours
+    # under bf16 autocast over float32 weights, as training samples where bf16 is native, and transformers' generate
+    # on a bf16 copy of the weights (its fastest bf16: no casts)
 
 
 def cpu_plan(quick: bool = False) -> EnginePlan:
@@ -78,10 +87,10 @@ def gpu_plan() -> EnginePlan:
     return EnginePlan(qwen05, prompts=64, group_size=8, completion_tokens=256, repeats=3, name="qwen2.5-0.5b-shape")
 
 
-def model_plan(model_dir: str) -> EnginePlan:
+def model_plan(model_dir: str, compute: str = "weights") -> EnginePlan:
     """A real model at the training defaults (rollout.prompts_per_step=16, group_size=8, max_new_tokens=32)."""
     return EnginePlan({}, prompts=16, group_size=8, completion_tokens=32, repeats=3, name=Path(model_dir).name,
-                      model_dir=str(model_dir))
+                      model_dir=str(model_dir), compute=compute)
 
 
 def load_real(plan: EnginePlan, device):
@@ -142,7 +151,8 @@ class EngineWork:
         self.cfg.rollout.max_new_tokens = plan.completion_tokens
         self.opt, self.sched = build_optimizer(model.parameters(), self.cfg.optim, total_steps=10_000)
         T = plan.completion_tokens
-        self.engines = {"native": Sampler(model, tok, max_new_tokens=T, min_new_tokens=T)}
+        self.engines = {"native": Sampler(model, tok, max_new_tokens=T, min_new_tokens=T, compute=plan.compute)}
+        self.hf_model = model if plan.compute == "weights" else copy.deepcopy(model).to(torch.bfloat16)
         self.skipped: dict[str, str] = {}
         try:
             from grpo.rollout.vllm_engine import VllmEngine
@@ -163,13 +173,13 @@ class EngineWork:
 
         ids, mask = encode_prompts(self.tok, self.prompts)
         dev = self.model.device
-        self.model.eval()
+        self.hf_model.eval()
         with torch.no_grad():
-            out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=True,
+            out = self.hf_model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), do_sample=True,
                                       temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=G,
                                       max_new_tokens=T, min_new_tokens=T, pad_token_id=self.tok.pad_token_id,
                                       eos_token_id=self.tok.eos_token_id)
-        self.model.train()
+        self.hf_model.train()
         new = out[:, ids.shape[1]:]
         N = len(self.prompts) * G
         return Rollouts(prompts=list(self.prompts), group_size=G, prompt_ids=ids.to(dev), prompt_mask=mask.to(dev),
@@ -234,6 +244,8 @@ def run_engines(plan: EnginePlan, log=print) -> dict:
                 raw[n].append(work.step(n))
         start_s = getattr(work.engines.get("vllm"), "start_s", None)
         floor = generate_floor(model, tok, prompts, plan)
+    if plan.compute != "weights":
+        dtype = torch.bfloat16  # the products', as the floor's peak and both engines take them
     out = {"plan": plan.__dict__, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
            "clock": clock.kind, "threads": torch.get_num_threads(), "torch": torch.__version__,
            "transformers": _version("transformers"),
@@ -272,7 +284,8 @@ def generate_floor(model, tok, prompts, plan: EnginePlan) -> dict:
     hidden, inner = getattr(cfg, "hidden_size", embed.shape[1]), getattr(cfg, "intermediate_size", 4 * embed.shape[1])
     return {"params": params, "prompt_tokens": prompt_tokens, "decoded_tokens": decoded,
             "gflop": 2 * (params * (prompt_tokens + decoded) - head.numel() * (prompt_tokens - plan.prompts)) / 1e9,
-            "matmul_peak_gflop_per_s": matmul_peak(hidden, inner, embed.device, embed.dtype),
+            "matmul_peak_gflop_per_s": matmul_peak(hidden, inner, embed.device, torch.bfloat16
+                                                   if plan.compute != "weights" else embed.dtype),
             "head_ms": head_orientations(head, plan.prompts * plan.group_size)}
 
 
@@ -347,10 +360,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true", help="the Qwen2.5-0.5B-shaped plan (bench/engines_gpu.sh)")
     ap.add_argument("--model", default=None, help="a real model directory: generation only, at the training defaults")
+    ap.add_argument("--compute", default="weights", choices=("weights", "bfloat16"), help="with --model: bfloat16 "
+                    "samples under bf16 autocast (ours) and generates from a bf16 copy (transformers')")
     ap.add_argument("--output", default=None, help="the results file (default <GRPO_CACHE>/bench-results/engines.json "
                     "or engines_model.json; the committed one: bench/results/engines.json)")
     args = ap.parse_args(argv)
-    plan = model_plan(args.model) if args.model else gpu_plan() if args.gpu else cpu_plan(args.quick)
+    plan = model_plan(args.model, args.compute) if args.model else gpu_plan() if args.gpu else cpu_plan(args.quick)
     def err(msg):
         print(msg, file=sys.stderr, flush=True)
 
@@ -358,7 +373,7 @@ def main(argv=None) -> int:
     result = run_engines(plan, log=err)
     from grpo.bench.results import results_path, wrote
 
-    committed = MODEL_COMMITTED if args.model else COMMITTED
+    committed = (MODEL_BF16_COMMITTED if args.compute != "weights" else MODEL_COMMITTED) if args.model else COMMITTED
     out = results_path(Path(committed).name, args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
