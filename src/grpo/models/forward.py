@@ -142,7 +142,6 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
     return out.logits
 
 
-
 # ------------------------------------------------------------------ log-probs without the (N, T, V) logits
 def _base_model(model):
     """The transformers model under DDP (.module), torch.compile (._orig_mod) and peft (.get_base_model())."""
