@@ -119,7 +119,8 @@ def train(spec: dict, job: dict) -> dict:
                 phases[key].append(metrics[f"perf/{key}"])
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         optimizer_bytes = state_bytes(trainer.optimizer)
-        resolved = {"compute": trainer.compute, "optim.name": trainer.cfg.optim.name}  # what the run took
+        resolved = {"compute": trainer.compute, "optim.name": trainer.cfg.optim.name,  # what the run took
+                    "algo.tis_cap": trainer.cfg.algo.tis_cap}
         trainer.policy.save_pretrained(out)
         trainer.tokenizer.save_pretrained(out)
     finally:
