@@ -736,15 +736,19 @@ FIGURES = [
                                   "({summary.adamw_8bit.first_step_cpu_s.values[0]:.0f} CPU s",
       slower=lambda d: d["summary"]["adamw_8bit"]["step_cpu_s_median"]["mean"]
       / d["summary"]["adamw"]["step_cpu_s_median"]["mean"] - 1),
-    # docs/memory.md: bf16 compute, learning (grpo.bench.precision_learning)
+    # docs/memory.md: bf16 compute, learning and speed with native bf16 (grpo.bench.precision_learning)
     F(MEMORY_DOC, PRECISION_LEARNING, "| float32 | {summary.float32.gain_test.mean:+.3f} ± "
                                       "{summary.float32.gain_test.std:.3f} | {summary.float32.gain_val.mean:+.3f} ± "
                                       "{summary.float32.gain_val.std:.3f} | {summary.float32.step_cpu_s_median.mean:.1f} "
-                                      "| {summary.float32.peak_rss_mb.mean:,.0f} MB |"),
-    F(MEMORY_DOC, PRECISION_LEARNING, "| bf16 (emulated) | {summary.bfloat16.gain_test.mean:+.3f} ± "
+                                      "| {summary.float32.generate_s_median.mean:.1f} | "
+                                      "{summary.float32.update_s_median.mean:.1f} | "
+                                      "{summary.float32.peak_rss_mb.mean:,.0f} MB |"),
+    F(MEMORY_DOC, PRECISION_LEARNING, "| bf16 | {summary.bfloat16.gain_test.mean:+.3f} ± "
                                       "{summary.bfloat16.gain_test.std:.3f} | {summary.bfloat16.gain_val.mean:+.3f} ± "
                                       "{summary.bfloat16.gain_val.std:.3f} | "
                                       "{summary.bfloat16.step_cpu_s_median.mean:.1f} | "
+                                      "{summary.bfloat16.generate_s_median.mean:.1f} | "
+                                      "{summary.bfloat16.update_s_median.mean:.1f} | "
                                       "{summary.bfloat16.peak_rss_mb.mean:,.0f} MB |"),
     F(MEMORY_DOC, PRECISION_LEARNING, "From {before.test.accuracy:.3f} test and {before.val.accuracy:.3f} validation "
                                       "accuracy before training"),
@@ -755,6 +759,14 @@ FIGURES = [
                                       "{v1:+.3f}, {v2:+.3f})",
       **{f"{k}{i}": (lambda d, k=k, i=i: d["summary"]["difference_bf16_minus_float32"]
                      [{"t": "gain_test", "v": "gain_val"}[k]]["values"][i]) for k in "tv" for i in range(3)}),
+    F(MEMORY_DOC, PRECISION_LEARNING, "bf16 took {cpu:.2f}x less CPU a step, {gen:.2f}x less in generation and "
+                                      "{upd:.2f}x less in the update",
+      cpu=lambda d: d["summary"]["float32"]["step_cpu_s_median"]["mean"]
+      / d["summary"]["bfloat16"]["step_cpu_s_median"]["mean"],
+      gen=lambda d: d["summary"]["float32"]["generate_s_median"]["mean"]
+      / d["summary"]["bfloat16"]["generate_s_median"]["mean"],
+      upd=lambda d: d["summary"]["float32"]["update_s_median"]["mean"]
+      / d["summary"]["bfloat16"]["update_s_median"]["mean"]),
     # docs/memory.md: what the micro-batch buys (grpo.bench.update_speed)
     F(MEMORY_DOC, UPDATE_SPEED, "(P=8 G=8 T=48: {forward_tokens:,} tokens) updated in bf16"),
     F(MEMORY_DOC, UPDATE_SPEED, "took {arms.micro_batch_293.over_whole_batch:.2f}x the whole batch's seconds, 1,024 "
