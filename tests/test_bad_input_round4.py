@@ -299,7 +299,7 @@ def test_file_rows_have_the_file_line_as_their_uid_and_json_arrays_too(tmp_path)
 @pytest.mark.parametrize(("override", "field", "value"), [
     ("optim.lr=inf", "optim.lr", "'inf'"), ("optim.lr=.nan", "optim.lr", "nan"),
     ("optim.lr=1e400", "optim.lr", "'1e400'"),
-    ("optim.betas=[0.9, .inf]", "optim.betas.1", "inf"), ("reward.max_abs=-.inf", "reward.max_abs", "-inf"),
+    ("optim.betas=[0.9, .inf]", "optim.betas[1]", "inf"), ("reward.max_abs=-.inf", "reward.max_abs", "-inf"),
     ("algo.clip_high=nan", "algo.clip_high", "'nan'"), ("rollout.temperature=inf", "rollout.temperature", "'inf'"),
 ])
 def test_non_finite_settings_are_refused_naming_the_field(override, field, value, model_dir, tmp_path, capsys):
@@ -318,7 +318,7 @@ def test_every_float_setting_refuses_inf_and_nan():
     for key, kind in floats.items():
         for bad in (".inf", "-.inf", ".nan"):
             value = f"[{bad}, {bad}]" if kind.startswith(("list", "tuple")) else bad
-            with pytest.raises(ConfigError, match=re.escape(key) + r"(\.\d)?: must be a finite number"):
+            with pytest.raises(ConfigError, match=re.escape(key) + r"(\[\d\])?: must be a finite number"):
                 load_config(None, [f"{key}={value}"])
 
 

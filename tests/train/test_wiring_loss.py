@@ -10,11 +10,12 @@ The KL settings only act when the policy differs from the reference: the policy 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 from wiring_helpers import one_thread  # noqa: F401  (an autouse fixture)
-from wiring_helpers import (FLAT_GROUP, Setting, assert_matches, fixed_step, flat, kl_term, load_params, perturb_,
+from wiring_helpers import (FLAT_GROUP, FLOAT32_WIRING, Setting, assert_matches, fixed_step, flat, kl_term, load_params, perturb_,
                             reference_grad, rel, row_logprobs, rows_of)
 
 G = 4
@@ -25,7 +26,9 @@ DEFAULT = Setting()
     Setting(aggregate="token_mean"),
     Setting(aggregate="seq_sum_norm"),
     Setting(mask_truncated=True),
-    Setting(top_entropy_quantile=0.3),
+    # the quantile falls in a wide gap of the batch's token entropies (0.06 nats), wider than bf16
+    # moves them (entropy_band): the tiny model's 37 entropies lie within 0.3 nats, many under 0.001 apart
+    Setting(top_entropy_quantile=1 - 10.5 / 36),
     Setting(temperature=0.7),
 ], ids=lambda s: " ".join(s.overrides()))
 def test_on_policy_loss_settings_shape_the_gradient(setting, make_trainer, precision):
@@ -33,7 +36,7 @@ def test_on_policy_loss_settings_shape_the_gradient(setting, make_trainer, preci
     trainer, spy, calls, initial = fixed_step(make_trainer, setting, before=lambda t: perturb_(t.policy, 0.1),
                                               precision=precision)
     rows = rows_of(calls[0])
-    assert_matches(spy.grads[0], reference_grad(initial, rows, setting, G=G),
+    assert_matches(spy.grads[0], reference_grad(initial, rows, setting, G=G, entropy_band=precision.entropy_band),
                    reference_grad(initial, rows, DEFAULT, G=G), precision)
 
 
@@ -153,6 +156,11 @@ def test_an_update_raises_the_log_prob_of_the_better_completions(make_trainer, p
 def test_combined_settings_match_the_reference_in_every_epoch(setting, make_trainer, precision):
     """Settings interact (masks with ratios, the temperature with pi_old and the entropy, KL with masks): every
     update of the batch equals the reference at the parameters it was taken at, with pi_old the sampling policy."""
+    if precision.entropy_band > FLOAT32_WIRING.entropy_band:
+        # the second epoch's 37 token entropies have no gap wider than bf16 moves them (2 x 0.006 nats) at any
+        # quantile that also suits the first: the quantile is ill-posed in bf16 here. It is tested in float32 here,
+        # in bf16 by test_on_policy_loss_settings_shape_the_gradient.
+        setting = dataclasses.replace(setting, top_entropy_quantile=1.0)
     saved = {}
     trainer, spy, calls, initial = fixed_step(make_trainer, setting, before=away_from_reference(saved, 0.1),
                                               precision=precision)
@@ -162,5 +170,5 @@ def test_combined_settings_match_the_reference_in_every_epoch(setting, make_trai
     for epoch in range(setting.epochs):
         theta = load_params(initial, spy.params[epoch])
         want = reference_grad(theta, rows, setting, G=G, old_model=initial if epoch else None,
-                              edge_band=precision.edge_band, **ref)
+                              edge_band=precision.edge_band, entropy_band=precision.entropy_band, **ref)
         assert rel(spy.grads[epoch], want) < precision.tol, epoch

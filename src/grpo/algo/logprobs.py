@@ -183,8 +183,9 @@ def _chunk_stats(z: Tensor, targets: Tensor, with_entropy: bool):
         return picked - s.log(), m[:, 0], s, None
     e = zm.exp()
     s = e.sum(-1)
-    # sum_v e_v (z_v - m), a row-wise dot product (finite: z = h W^T has no -inf), 3x faster than e log e in place
-    weighted = torch.bmm(e[:, None, :], zm[:, :, None])[:, 0, 0]
+    # sum_v e_v (z_v - m) (finite: z = h W^T has no -inf): a product in place and a tree-reduced sum, 1.5x faster
+    # than e log e; a bmm dot product is as fast but accumulates in a row, 100x the rounding over 150k entries
+    weighted = zm.mul_(e).sum(-1)
     return picked - s.log(), m[:, 0], s, s.log() - weighted / s
 
 
@@ -274,7 +275,8 @@ def hidden_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, te
     product_dtype: None, or the dtype the head's products take their operands in and round their results to
     (bfloat16 under bf16 compute, models/compute.py): the logits (c, V) of forward and backward alike, the gradient
     to hidden, and each chunk's part of the weight's gradient (a (V, H) product in bf16, as autocast's linear
-    backward makes it, added into a float32 accumulator); the log-softmax and its gradient stay in float32. emulated: operands rounded to product_dtype and multiplied in float32 (bf16's roundings on a CPU
+    backward makes it, added into a float32 accumulator); the log-softmax and its gradient stay in float32.
+    emulated: operands rounded to product_dtype and multiplied in float32 (bf16's roundings on a CPU
     without native bf16). Autocast does not reach a custom backward, hence the explicit argument.
     """
     check_tensor("hidden", hidden, ndim=3)

@@ -126,13 +126,21 @@ def _apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def _dotted(loc: tuple, empty: str = "config") -> str:
+    """A pydantic error location as the user writes it: ('reward', 'weights', 0) -> 'reward.weights[0]'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f"{'.' if out else ''}{part}"
+    return out or empty
+
+
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "config"
+        field = _dotted(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")  # a validator's own sentence reads better without it
         if e["type"] == "extra_forbidden":
-            section = ".".join(str(p) for p in e["loc"][:-1])
+            section = _dotted(e["loc"][:-1], "")
             msg = f"unknown key{' in section ' + section if section else ''}"
             msg += _unknown_key_hints(field, e.get("input"))
         elif e["type"] == "finite_number":  # inf, nan, 1e400: no setting means one
