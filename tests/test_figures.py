@@ -58,6 +58,7 @@ SOURCES = {
     "bench/results/round_three.json": ("scripts/round_three_figures.py", "bench/results/round_three.json"),
     "bench/results/judge_budget*.json": ("scripts/judge_budget.py", "bench/results/judge_budget.json"),
     "bench/results/update_speed.json": ("src/grpo/bench/update_speed.py", "bench/results/update_speed.json"),
+    "bench/results/logp_gap_smollm2.json": ("src/grpo/bench/logp_gap.py", "bench/results/logp_gap_smollm2.json"),
 }
 
 README = "README.md"
@@ -100,6 +101,7 @@ MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
 UPDATE_SPEED = "bench/results/update_speed.json"
+LOGP_GAP = "bench/results/logp_gap_smollm2.json"
 PRECISION_LEARNING = "bench/results/precision_learning.json"
 JUDGE = "bench/results/judge_budget.json"
 JUDGE_BEFORE = "bench/results/judge_budget_d413776.json"  # the same script on the code before issue #51
@@ -767,6 +769,14 @@ FIGURES = [
       / d["summary"]["bfloat16"]["generate_s_median"]["mean"],
       upd=lambda d: d["summary"]["float32"]["update_s_median"]["mean"]
       / d["summary"]["bfloat16"]["update_s_median"]["mean"]),
+    # docs/memory.md: the sampler's and the trainer's rounding (grpo.bench.logp_gap)
+    F(MEMORY_DOC, LOGP_GAP, "log-probs differ from the bf16 trainer's by "
+                            "{gaps.sampler_bf16_vs_trainer_bf16_whole_batch:.3f} nats a token, as much as the trainer's "
+                            "own bf16 forwards of that batch in two micro-batch layouts differ "
+                            "({gaps.trainer_bf16_layouts:.3f}), and about as far as bf16 is from float32 "
+                            "({gaps.trainer_bf16_vs_float32:.3f}); a float32 sampler is "
+                            "{gaps.sampler_float32_vs_trainer_bf16_whole_batch:.3f} from the bf16 trainer and "
+                            "{gaps.sampler_float32_vs_trainer_float32:.4f} from the float32 one"),
     # docs/memory.md: what the micro-batch buys (grpo.bench.update_speed)
     F(MEMORY_DOC, UPDATE_SPEED, "(P=8 G=8 T=48: {forward_tokens:,} tokens) updated in bf16"),
     F(MEMORY_DOC, UPDATE_SPEED, "took {arms.micro_batch_293.over_whole_batch:.2f}x the whole batch's seconds, 1,024 "
