@@ -73,6 +73,9 @@ class DataConfig(_Section):
                                            "other text as is, or null for none")
 
 
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 64  # rollout.stop: each string is searched for at every sampled token
+
+
 class RolloutConfig(_Section):
     group_size: int = Field(8, ge=2, description="G: completions sampled per prompt")
     prompts_per_step: int = Field(16, ge=1, description="P: prompts per training step (N = P*G completions)")
@@ -102,6 +105,36 @@ class RolloutConfig(_Section):
                                                "sync before StaleWeightsError (another model); None = by dtype (1e-3 "
                                                "fp32, 0.5 bf16, 0.25 fp16). A stale engine is also caught below it: "
                                                "its log-probs must move with the trainer's")
+    stop: list[str] = Field(default_factory=list, description="stop strings (vLLM's SamplingParams.stop): a "
+                            "completion ends at the first one in its decoded text, keeps the token that completes "
+                            "it, counts as finished, and its rewards see the text before it; e.g. "
+                            "'rollout.stop=[\"\\n\"]' for a base model whose answer is the first line. At most "
+                            f"{MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        if isinstance(v, str):  # one string: a list of it, as vLLM takes it
+            v = [v]
+        if isinstance(v, dict) and len(v) == 1 and None in v.values():  # rollout.stop=Question: read as a mapping
+            key = next(iter(v))
+            raise ValueError(f"YAML read {key}: as a mapping; quote it: rollout.stop='[\"{key}:\"]'")
+        if not isinstance(v, (list, tuple)) or not all(isinstance(s, str) for s in v):
+            raise ValueError(f"must be a list of strings, e.g. [\"\\n\"], got {v!r}")
+        if len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"has {len(v)} strings, at most {MAX_STOP_STRINGS}: each one is searched in every "
+                             "row's newest text at every sampled token")
+        for k, s in enumerate(v):
+            if not s:
+                raise ValueError(f"rollout.stop[{k}] is empty: it would end every completion before its first token")
+            if "\\n" in s or "\\t" in s:  # rollout.stop=\n from a shell: a backslash and an n, not a newline
+                raise ValueError(f"rollout.stop[{k}] = {s!r} holds a backslash and a letter, not a newline or tab: "
+                                 "write it in YAML double quotes, rollout.stop='[\"\\n\"]'")
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"rollout.stop[{k}] has {len(s)} characters, at most {MAX_STOP_CHARS}")
+        return list(v)
 
 
 MAX_REWARD_WEIGHT = 1e6  # |reward.weights[k]|: with reward.max_abs 1e6 a total's square stays far inside float32
