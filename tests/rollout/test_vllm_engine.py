@@ -346,6 +346,8 @@ def test_stop_strings_end_rows_as_the_native_sampler(builtin):
     assert torch.equal(ours.completion_ids, native.completion_ids) and ours.texts == native.texts
     assert torch.equal(ours.completion_mask, native.completion_mask)
     assert torch.equal(ours.truncated, native.truncated) and not bool(ours.truncated[0])
+    raw = engine._generate([tok(PROMPTS[0].text)["input_ids"]], [0], 1, 12, 0.0)[0].outputs[0]
+    assert raw.finish_reason == "stop" and raw.stop_reason in stops  # vLLM stopped there itself, not only our cut
     sampled_free = free_engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))
     sampled = engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))
     check_against_naive(tok, sampled_free, sampled, stops)
