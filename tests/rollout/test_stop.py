@@ -58,20 +58,23 @@ def test_the_decode_loop_stops_at_the_stop_string(tok, monkeypatch):
     assert longest < T // 2 and max(steps) == longest - 1  # the last row's stop ended the loop
 
 
-def test_only_a_window_of_the_newest_tokens_is_decoded_per_step(tok, monkeypatch):
+def test_only_a_window_of_the_newest_tokens_of_the_rows_that_may_stop_is_decoded(tok, monkeypatch):
+    """Per step, only the rows whose newest token's text holds a stop string's last character decode their newest
+    `window` tokens (the longest stop string's bytes + WINDOW_MARGIN), never the whole completion."""
     model, prompts, G, T = tiny_model("llama", tok), make_prompts(), 2, 40
-    stops = ["\u2603never\u2603", "\n"]
-    sizes = []
-    batch_decode = type(tok).batch_decode
-
-    def spy(self, seqs, *a, **kw):
-        sizes.append(max((len(s) for s in seqs), default=0))
-        return batch_decode(self, seqs, *a, **kw)
-
-    monkeypatch.setattr(type(tok), "batch_decode", spy)
-    Sampler(model, tok, max_new_tokens=T, stop=stops).generate(prompts, G, generator=torch.Generator().manual_seed(5))
+    stops = ["\u2603never\u2603", "x\n"]
+    decoded, steps = [], [0]
+    windows, hits = StopScan._decode_windows, StopScan.hits
+    monkeypatch.setattr(StopScan, "_decode_windows", lambda self, w: decoded.extend(w) or windows(self, w))
+    monkeypatch.setattr(StopScan, "hits", lambda self, tokens, rows, t, check: steps.__setitem__(
+        0, steps[0] + int(check.sum())) or hits(self, tokens, rows, t, check))
+    out = Sampler(model, tok, max_new_tokens=T, stop=stops).generate(prompts, G,
+                                                                    generator=torch.Generator().manual_seed(5))
     window = max(len(s.encode()) for s in stops) + WINDOW_MARGIN
-    assert sizes[:-1] and max(sizes[:-1]) == window < T  # per step; the last call is finish()'s whole rows
+    assert decoded and max(len(w) for w in decoded) == window < T
+    newest = {tok.decode(w[-1:], skip_special_tokens=True) for w in decoded}
+    assert newest <= {"\n", ""}, newest  # only rows that may complete a stop string (special tokens are empty)
+    assert len(decoded) < steps[0] / 4 and out.completion_mask.sum() > 8 * len(decoded)
 
 
 def test_generate_from_ids_ends_a_row_at_its_stop_string(tok):
