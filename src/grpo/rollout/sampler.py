@@ -144,6 +144,8 @@ class Sampler:
     benchmark sets it to max_new_tokens to fix the token count.
     stop: stop strings (rollout.stop; rollout/stop.py has the rule): a row ends at the token that completes one in its
     decoded text, keeps that token, counts as finished, and its text ends before the stop string.
+    on_step: None, or a function called after each decode step with (tokens done, T, rows still running) (the
+    preflight's progress line).
     compute: what the forwards compute in, model.compute_dtype resolved (models/compute.py): "weights", or
     "bfloat16" (float32 weights, bf16 products under autocast, each weight cast once per call; a bf16 KV cache), the
     same computation as the trainer's, so the sampler's log-probs are the trainer's policy's (`rollout/logp_diff`).
@@ -158,6 +160,7 @@ class Sampler:
     min_new_tokens: int = 0
     compute: str = "weights"
     stop: tuple[str, ...] = ()
+    on_step: object = None  # called after each decode step with (tokens done, T, rows still running): progress
 
     def __post_init__(self):
         self.stop = tuple(self.stop or ())
@@ -282,6 +285,8 @@ class Sampler:
                 lengths[rows[done]] = t + 1
                 live = live & ~done
                 n_live -= n_done
+            if self.on_step is not None:
+                self.on_step(t + 1, T, n_live)
             if t == T - 1 or n_live == 0:
                 break
             if (live.numel() - n_live) * 8 >= live.numel():  # compact: finished rows stop costing

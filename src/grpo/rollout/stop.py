@@ -121,3 +121,31 @@ class StopScan:
                 text = self._decode(ids[:k])
             new_lengths[i], stopped[i], texts[i] = k, True, cut_at_stop(text, self.stops)
         return new_lengths, stopped, texts
+
+
+_LABEL = re.compile(r"\s*([A-Za-z][\w ]{0,23}:)")  # a prompt line's label: "Question:", "Q:", "Problem 3:"
+
+
+def suggest_stop(prompts: list[str], completions: list[str]) -> tuple[str, int] | None:
+    """The stop string that would end completions which run on past their answer (a base model continuing its
+    prompt's pattern), and in how many of `completions` (the cut-off ones) it was seen; None when it shows in fewer
+    than half. First the prompts' own labels, in order ("Question:" before "Answer:"), when completions write one
+    again at the start of a line: the model writes the next question itself; else "\\n", when completions answer on
+    a first line and go on to more lines. Linear in the text."""
+    need = max(1, (len(completions) + 1) // 2)
+    if not completions:
+        return None
+    labels: list[str] = []
+    for p in prompts:
+        for line in p.splitlines():
+            m = _LABEL.match(line)
+            if m and m.group(1) not in labels:
+                labels.append(m.group(1))
+    for label in labels:
+        again = re.compile(r"\n[ \t]*" + re.escape(label))
+        seen = sum(again.search(c) is not None for c in completions)
+        if seen >= need:
+            return label, seen
+    seen = sum(bool(c.split("\n", 1)[0].strip()) and "\n" in c and bool(c.split("\n", 1)[1].strip())
+               for c in completions)
+    return ("\n", seen) if seen >= need else None
