@@ -449,7 +449,7 @@ def test_every_int_setting_has_a_bound_listed_by_list_keys(capsys):
     from grpo.cli import main
     from grpo.config import ConfigError, load_config
     from grpo.config.load import describe_keys
-    from grpo.config.schema import count_limit
+    from grpo.config.limits import count_limit
 
     ints = [(key, text) for key, kind, _, text in describe_keys() if kind.split(" ")[0] == "int"]
     assert len(ints) > 30

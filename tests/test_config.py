@@ -169,3 +169,26 @@ def test_every_alias_points_at_a_real_key():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["xyzzy=1"])
     assert str(err.value).rstrip().endswith("xyzzy: unknown key")  # nothing close: no guess
+
+
+@pytest.mark.parametrize("override, words", [
+    ('rollout.stop=["\\n", ""]', ["rollout.stop[1] is empty"]),
+    ("rollout.stop=[" + ", ".join(f"s{i}" for i in range(10_000)) + "]", ["rollout.stop", "10000 strings, at most 32"]),
+    ("rollout.stop=[" + "x" * 65 + "]", ["rollout.stop[0] has 65 characters, at most 64"]),
+    ("rollout.stop=\\n", ["rollout.stop[0]", "backslash", "rollout.stop='[\"\\n\"]'"]),
+    ("rollout.stop=Question:", ["rollout.stop", "quote it", "rollout.stop='[\"Question:\"]'"]),
+    ("rollout.stop=[1]", ["rollout.stop", "list of strings"]),
+])
+def test_rollout_stop_refuses_what_cannot_be_meant(override, words):
+    """An empty stop string would end every completion at once; 10,000 would be searched at every token; a shell's
+    \\n is a backslash and an n; Question: unquoted is a YAML mapping (issue #51)."""
+    with pytest.raises(ConfigError) as e:
+        load_config("grpo", [override])
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_rollout_stop_takes_a_list_or_one_string():
+    assert load_config("grpo", ['rollout.stop=["\\n", "Question:"]']).rollout.stop == ["\n", "Question:"]
+    assert load_config("grpo", ['rollout.stop="\\nQ"']).rollout.stop == ["\nQ"]
+    assert load_config("grpo", []).rollout.stop == []

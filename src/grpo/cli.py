@@ -155,7 +155,7 @@ def _eval(args) -> int:
                                       max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                                       max_prompt_tokens=cfg.data.max_prompt_tokens, k=args.k, samples=args.samples,
                                       temperature=temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                      progress=ph.update, compute=compute,
+                                      progress=ph.update, compute=compute, stop=tuple(cfg.rollout.stop),
                                       **env_limits(cfg))  # progress on stderr: --json stays clean
     unjudged = task.unjudged() if hasattr(task, "unjudged") else None  # a data file's reward judged nothing
     if unjudged is not None:

@@ -1,5 +1,6 @@
 """Test helpers of tests/rollout: tiny random Llama / Qwen2 / Qwen3 models on the built-in character tokenizer,
-and prompts of different lengths (so left padding is exercised). Everything is built in memory."""
+and prompts of different lengths (so left padding is exercised), and the naive reference of rollout.stop (decode every
+prefix, end the row at the first that holds a stop string). Everything is built in memory."""
 
 from __future__ import annotations
 
@@ -34,3 +35,31 @@ def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
 
 def make_prompts(texts=("What is 12 + 30?\n", "hi", "What is 7 - 3?\n", "a")):
     return [Prompt(uid=f"p{i}", text=t, answer="0") for i, t in enumerate(texts)]
+
+
+def naive(tok, ids: list[int], stops) -> tuple[int, str, bool]:
+    """(tokens kept, the text a reward sees, stopped) of one sampled row: decode everything, prefix by prefix; the
+    first prefix whose text holds a stop string ends the row, its text cut before the occurrence that ends first."""
+    for k in range(1, len(ids) + 1):
+        text = tok.decode(ids[:k], skip_special_tokens=True)
+        found = sorted((text.index(s) + len(s), text.index(s)) for s in stops if s in text)
+        if found:
+            return k, text[:found[0][1]], True
+    return len(ids), tok.decode(ids, skip_special_tokens=True), False
+
+
+def check_against_naive(tok, free, stopped, stops):
+    """`stopped` (Rollouts sampled with `stops`) against `free` (the same draws without stop strings) cut by naive."""
+    eos = tok.eos_token_id
+    n_stopped = 0
+    for i in range(free.num_completions):
+        ids = free.completion_ids[i, :int(free.completion_mask[i].sum())].tolist()
+        k, text, hit = naive(tok, ids, stops)
+        n_stopped += hit
+        assert int(stopped.completion_mask[i].sum()) == k, (i, ids, stops)
+        assert stopped.completion_ids[i, :k].tolist() == ids[:k]
+        assert (stopped.completion_ids[i, k:] == tok.pad_token_id).all()
+        torch.testing.assert_close(stopped.logp[i, :k], free.logp[i, :k])
+        assert stopped.texts[i] == text, (i, stopped.texts[i], text)
+        assert bool(stopped.truncated[i]) == (not hit and eos not in ids[:k]), i  # a stop string finishes the row
+    return n_stopped

@@ -327,3 +327,34 @@ def test_stops_only_at_the_trainers_eos_like_the_native_sampler(tmp_path):
     assert torch.equal(ours.completion_mask, native.completion_mask), (ours.completion_ids, rows)
     assert torch.equal(ours.completion_ids, native.completion_ids)
     assert torch.equal(ours.truncated, native.truncated)
+
+
+def test_stop_strings_end_rows_as_the_native_sampler(builtin):
+    """rollout.stop through vLLM (SamplingParams.stop, the engine's tokenizer loaded for it): greedy rows equal the
+    native sampler's with the same stop strings (ids, masks, texts cut before the stop string, finished flags);
+    sampled rows equal the naive reference cut of the engine's own rows without stop strings (same seeds); the later
+    turns of episodes (generate_from_ids) end at a stop string too."""
+    from rollout_helpers import check_against_naive, naive
+
+    model, tok, free_engine = builtin
+    free = Sampler(model, tok, max_new_tokens=12).generate(PROMPTS, 1, temperature=0)
+    texts = free.texts
+    stops = (texts[0][2:4], " = ", "\u2603never")  # two characters (two tokens) of the first greedy answer
+    engine = VllmEngine(model, tok, BUILTIN, max_new_tokens=12, temperature=1.0, seed=0, stop=stops)
+    native = Sampler(model, tok, max_new_tokens=12, stop=stops).generate(PROMPTS, 1, temperature=0)
+    ours = engine.generate(PROMPTS, 1, temperature=0)
+    assert torch.equal(ours.completion_ids, native.completion_ids) and ours.texts == native.texts
+    assert torch.equal(ours.completion_mask, native.completion_mask)
+    assert torch.equal(ours.truncated, native.truncated) and not bool(ours.truncated[0])
+    raw = engine._generate([tok(PROMPTS[0].text)["input_ids"]], [0], 1, 12, 0.0)[0].outputs[0]
+    assert raw.finish_reason == "stop" and raw.stop_reason in stops  # vLLM stopped there itself, not only our cut
+    sampled_free = free_engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))
+    sampled = engine.generate(PROMPTS, 4, generator=torch.Generator().manual_seed(1))
+    check_against_naive(tok, sampled_free, sampled, stops)
+    contexts = [tok(p.text)["input_ids"] for p in PROMPTS]
+    uniforms = torch.rand((2, 12), generator=torch.Generator().manual_seed(2))
+    free_ids, _, _ = free_engine.generate_from_ids(contexts, uniforms, temperature=0)
+    ids, _, ended = engine.generate_from_ids(contexts, uniforms, temperature=0)
+    for i in range(2):
+        k, _, hit = naive(tok, free_ids[i], stops)
+        assert ids[i] == free_ids[i][:k] and (ended[i] or not hit)

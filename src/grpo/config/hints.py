@@ -33,6 +33,7 @@ ALIASES: dict[str, tuple[str, str, str]] = {
     "output_dir": ("train.output_dir", "transformers", ""),
     "model_name_or_path": ("model.name", "TRL", ""),
     "mask_truncated_completions": ("algo.mask_truncated", "TRL", ""),
+    "stop_strings": ("rollout.stop", "transformers generate, TRL's generation_kwargs", ""),
     "importance_sampling_level": ("algo.ratio_level", "TRL", ""),
     "reward_weights": ("reward.weights", "TRL", ""),
     "reward_funcs": ("reward.functions", "TRL", ""),

@@ -9,7 +9,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import ValidationError
 
-from grpo.config.schema import Config, _Section, count_limit
+from grpo.config.limits import count_limit
+from grpo.config.schema import Config, _Section
 from grpo.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "presets"

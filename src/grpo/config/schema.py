@@ -14,31 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-# Every number a setting holds is finite (`optim.lr=inf` was accepted, and the run blamed the weights on disk for
-# what the learning rate did in memory), and every int is a count a run can mean: at most MAX_COUNT, or the field's
-# own bound in COUNT_LIMITS (`train.steps=1e22` was accepted). `grpo train --list-keys` shows each int's bound.
-MAX_COUNT = 10**9
-MAX_STEPS = 10**8
-MAX_SEED = 2**32 - 1
-COUNT_LIMITS: dict[str, tuple[int, str]] = {  # "section.key": (the largest value, why)
-    **{k: (MAX_STEPS, "10^8 steps take 3 years at one step a second") for k in (
-        "train.steps", "train.save_every", "train.eval_every", "train.max_nan_steps", "train.zero_spread_steps",
-        "eval.test_every", "optim.warmup_steps", "warmup.steps", "reward.max_missing_steps",
-        "log.print_group_every")},
-    **{k: (MAX_SEED, "a seed is a 32-bit number") for k in ("train.seed", "warmup.seed", "data.task_seed")},
-    **{k: (4096, "more threads than a machine has cores") for k in ("rollout.worker_threads", "env.step_workers")},
-    "rollout.max_staleness": (1000, "each step of lag holds a batch in memory"),
-    "algo.epochs": (1000, "updates of one batch: the step would not end"),
-    "algo.max_resample_batches": (1000, "generation rounds of one step: the step would not end"),
-    "model.lora_rank": (65536, "wider than any model"),
-}
-_SMALLEST_LIMIT = min(limit for limit, _ in COUNT_LIMITS.values())
-
-
-def count_limit(key: str) -> int:
-    """The largest value of the int setting `key` ("section.key"); -limit is its lowest (a field's own `ge`
-    comes first)."""
-    return COUNT_LIMITS.get(key, (MAX_COUNT, ""))[0]
+from grpo.config.limits import COUNT_LIMITS, MAX_COUNT, MAX_STOP_CHARS, MAX_STOP_STRINGS, SMALLEST_LIMIT, stop_strings
 
 
 class _Section(BaseModel):
@@ -49,7 +25,7 @@ class _Section(BaseModel):
     def _sane_count(cls, v, info):
         """An int past its bound (count_limit) is refused naming the bound; NaN/inf floats are refused by
         allow_inf_nan=False above (load.py words it)."""
-        if type(v) is int and info.field_name is not None and abs(v) > _SMALLEST_LIMIT:
+        if type(v) is int and info.field_name is not None and abs(v) > SMALLEST_LIMIT:
             limit, why = COUNT_LIMITS.get(f"{_section_name(cls)}.{info.field_name}", (MAX_COUNT, ""))
             if abs(v) > limit:
                 bound = f"at most {limit:,}" if v > 0 else f"at least {-limit:,}"
@@ -113,6 +89,8 @@ class DataConfig(_Section):
                                            "other text as is, or null for none")
 
 
+
+
 class RolloutConfig(_Section):
     group_size: int = Field(8, ge=2, description="G: completions sampled per prompt")
     prompts_per_step: int = Field(16, ge=1, description="P: prompts per training step (N = P*G completions)")
@@ -142,6 +120,16 @@ class RolloutConfig(_Section):
                                                "sync before StaleWeightsError (another model); None = by dtype (1e-3 "
                                                "fp32, 0.5 bf16, 0.25 fp16). A stale engine is also caught below it: "
                                                "its log-probs must move with the trainer's")
+    stop: list[str] = Field(default_factory=list, description="stop strings (vLLM's SamplingParams.stop): a "
+                            "completion ends at the first one in its decoded text, keeps the token that completes "
+                            "it, counts as finished, and its rewards see the text before it; e.g. "
+                            "'rollout.stop=[\"\\n\"]' for a base model whose answer is the first line. At most "
+                            f"{MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, v: Any) -> Any:
+        return stop_strings(v)
 
 
 MAX_REWARD_WEIGHT = 1e6  # |reward.weights[k]|: with reward.max_abs 1e6 a total's square stays far inside float32
@@ -273,9 +261,9 @@ class EnvConfig(_Section):
 
     max_turns: int = Field(4, ge=1, description="policy turns per episode; an episode the environment would continue "
                            "past them is cut (truncated)")
-    max_tokens: int | None = Field(None, ge=1, description="tokens per episode after the prompt, policy and environment "
-                                   "together; a longer one is cut (truncated). None: no limit but max_turns x "
-                                   "rollout.max_new_tokens plus the environment's messages")
+    max_tokens: int | None = Field(None, ge=1, description="tokens per episode after the prompt, policy and "
+                                   "environment together; a longer one is cut (truncated). None: no limit but "
+                                   "max_turns x rollout.max_new_tokens plus the environment's messages")
     step_workers: int | None = Field(None, ge=1, description="threads that step the environments of a turn's "
                                      "episodes at once (a sandboxed tool call waits on its own process); None: "
                                      "min(8, CPU cores), as the code rewards. An environment is stepped on any of "

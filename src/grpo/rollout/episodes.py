@@ -12,8 +12,10 @@ tokenized once. An episode's completion is all its turns after the prompt, (N, T
     loss_mask         1 at the policy's tokens only: the loss, the KL and the group advantage apply there
     logp              the sampler's log-probs at policy tokens, 0 at environment tokens
 
-An episode ends when
-    - a policy turn ends without EOS (its per-turn limit rollout.max_new_tokens): truncated
+A policy turn ends at EOS or at a stop string (rollout.stop, the sampler's: rollout/stop.py; the environment steps
+with the turn's text before it, the ids keep the token that completed it; the environment's own messages never stop
+a turn: only the turn's new tokens are searched). An episode ends when
+    - a policy turn ends without EOS or a stop string (its per-turn limit rollout.max_new_tokens): truncated
     - the environment answers done=True (its reward, if it gives one, replaces the task's reward functions)
     - env.max_turns policy turns were taken and the environment still answers (or, when it has `continues`, would
       answer: the last turn's tool calls are not run): truncated
@@ -38,6 +40,7 @@ import torch
 
 from grpo.envs.base import EnvReply
 from grpo.envs.chat import env_message_ids
+from grpo.rollout.stop import cut_at_stop
 from grpo.types import Prompt, Rollouts
 
 
@@ -152,10 +155,12 @@ def _later_turns(sampler, first: Rollouts, episodes: list[_Episode], n: int, max
     lengths = first.completion_mask.sum(-1).tolist()
     turn_ids = [first.completion_ids[i, :lengths[i]].tolist() for i in range(len(episodes))]
     turn_logp = [first.logp[i, :lengths[i]].tolist() for i in range(len(episodes))]
+    turn_end = (~first.truncated).tolist()  # the turn ended at EOS or a stop string
     # each prompt's ids exactly as turn 1 saw them (its left padding dropped), not tokenized a second time
     prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(first.prompt_ids.cpu(), first.prompt_mask.cpu())]
     while True:
-        live = _take_turns(episodes, turn_ids, turn_logp, tok, tok.eos_token_id, max_turns, budget, pool)
+        live = _take_turns(episodes, turn_ids, turn_logp, turn_end, tok, getattr(sampler, "stop", ()), max_turns,
+                           budget, pool)
         if not live:
             break
         T = min(sampler.max_new_tokens, max(budget - len(episodes[r].ids) for r in live))
@@ -163,17 +168,20 @@ def _later_turns(sampler, first: Rollouts, episodes: list[_Episode], n: int, max
         # drawn at the full turn width, then cut to T: T depends on the other episodes of the batch (their room
         # under env.max_tokens), and a row's draws must not (one generator per prompt: rollout.seed_per_prompt)
         uniforms = _uniforms(live, n, sampler.max_new_tokens, generator, device)[:, :T]
-        ids, logp, _ = sampler.generate_from_ids(contexts, uniforms, temperature=temperature)
-        turn_ids, turn_logp = [None] * len(episodes), [None] * len(episodes)
-        for r, i, lp in zip(live, ids, logp):
-            turn_ids[r], turn_logp[r] = i, lp
+        ids, logp, ended = sampler.generate_from_ids(contexts, uniforms, temperature=temperature)
+        turn_ids, turn_logp, turn_end = [None] * len(episodes), [None] * len(episodes), [False] * len(episodes)
+        for r, i, lp, e in zip(live, ids, logp, ended):
+            turn_ids[r], turn_logp[r], turn_end[r] = i, lp, e
     return _assemble(first, episodes, tok.pad_token_id)
 
 
-def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget: int, pool=None) -> list[int]:
+def _take_turns(episodes, turn_ids, turn_logp, turn_end, tok, stop, max_turns: int, budget: int,
+                pool=None) -> list[int]:
     """Append each live episode's new policy turn, step its environment, append its reply; returns the rows that
-    go on to another policy turn. With a thread pool the environments of different episodes step concurrently
-    (a sandboxed tool call waits on its own process); replies are applied in row order either way."""
+    go on to another policy turn. turn_end: whether the sampler ended each turn (EOS or a stop string); the
+    environment gets the turn's text cut before its stop string (cut_at_stop). With a thread pool the environments
+    of different episodes step concurrently (a sandboxed tool call waits on its own process); replies are applied
+    in row order either way."""
     stepping = []
     for r, ep in enumerate(episodes):
         if ep.done or turn_ids[r] is None:
@@ -182,8 +190,8 @@ def _take_turns(episodes, turn_ids, turn_logp, tok, eos, max_turns: int, budget:
         room = budget - len(ep.ids)
         cut = len(ids) > room
         ids, logp = ids[:room], logp[:room]
-        ended = bool(ids) and ids[-1] == eos
-        text = tok.decode(ids, skip_special_tokens=True)
+        ended = bool(ids) and bool(turn_end[r]) and not cut
+        text = cut_at_stop(tok.decode(ids, skip_special_tokens=True), stop)
         ep.add(ids, logp, "policy", text)
         ep.policy_turns += 1
         if not ended:

@@ -12,11 +12,12 @@ from grpo.rollout.sampler import Sampler
 def build_engine(cfg, model, tokenizer, model_dir: str | Path, dist=None, compute: str = "weights") -> RolloutEngine:
     """The engine that generates the trainer's rollouts. model_dir: the Hugging Face directory `model` was loaded
     from (vLLM builds its copy from it); dist: grpo.parallel.Dist or None (one process); compute: model.compute_dtype
-    resolved (models/compute.py), what the native sampler computes in, as the trainer's forwards do."""
+    resolved (models/compute.py), what the native sampler computes in, as the trainer's forwards do. Both engines
+    stop at rollout.stop's strings (rollout/stop.py)."""
     r = cfg.rollout
     if r.engine == "native":
         return Sampler(model, tokenizer, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                       max_prompt_tokens=cfg.data.max_prompt_tokens, compute=compute)
+                       max_prompt_tokens=cfg.data.max_prompt_tokens, compute=compute, stop=tuple(r.stop))
     if r.engine == "vllm":
         from grpo.rollout.vllm_engine import VllmEngine
 
@@ -27,5 +28,5 @@ def build_engine(cfg, model, tokenizer, model_dir: str | Path, dist=None, comput
                           top_p=r.top_p, max_prompt_tokens=cfg.data.max_prompt_tokens, seed=cfg.train.seed,
                           gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                           max_batch_tokens=rows * (prompt_tokens + r.max_new_tokens), dist=dist,
-                          probe_tolerance=r.vllm_probe_tolerance)
+                          probe_tolerance=r.vllm_probe_tolerance, stop=tuple(r.stop))
     raise ValueError(f"rollout.engine must be 'native' or 'vllm', got {r.engine!r}")

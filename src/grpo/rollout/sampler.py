@@ -3,7 +3,8 @@
     prefill the P distinct prompts once             (P, L) -> KV cache of P rows
     share it with the G samples of each prompt       -> N = P*G decoding rows (decode.py: the prompt's
                                                         keys/values are kept once per prompt, not G times)
-    decode: sample, append in place, one cached step until every row has emitted EOS or max_new_tokens
+    decode: sample, append in place, one cached step until every row has emitted EOS, completed a stop
+            string (rollout.stop: rollout/stop.py) or reached max_new_tokens
     finished rows leave the batch                    (finished sequences stop costing)
 
 Finished rows leave the batch once they are at least 1/8 of it, so a compaction, which copies the generated
@@ -28,6 +29,7 @@ from grpo.errors import NonFiniteLogitsError
 from grpo.models.compute import compute_context
 from grpo.models.forward import cache_kwargs, output_cache, position_ids_from_mask
 from grpo.rollout.decode import LeanDecoder, expand_cache
+from grpo.rollout.stop import StopScan
 from grpo.tokens import prompt_token_ids
 from grpo.types import Prompt, Rollouts
 
@@ -154,6 +156,10 @@ class Sampler:
     prompt (each group's samples then depend only on its own generator, whatever the batch around it).
     min_new_tokens: EOS cannot be sampled before this many tokens (as in `transformers`' generate); the
     benchmark sets it to max_new_tokens to fix the token count.
+    stop: stop strings (rollout.stop; rollout/stop.py has the rule): a row ends at the token that completes one in its
+    decoded text, keeps that token, counts as finished, and its text ends before the stop string.
+    on_step: None, or a function called after each decode step with (tokens done, T, rows still running) (the
+    preflight's progress line).
     compute: what the forwards compute in, model.compute_dtype resolved (models/compute.py): "weights", or
     "bfloat16" (float32 weights, bf16 products under autocast, each weight cast once per call; a bf16 KV cache), the
     computation the trainer's forwards run, so the sampler's log-probs are the trainer's policy's up to bf16's rounding
@@ -169,6 +175,12 @@ class Sampler:
     max_prompt_tokens: int | None = None
     min_new_tokens: int = 0
     compute: str = "weights"
+    stop: tuple[str, ...] = ()
+    on_step: object = None  # called after each decode step with (tokens done, T, rows still running): progress
+
+    def __post_init__(self):
+        self.stop = tuple(self.stop or ())
+        self._scan = StopScan(self.tokenizer, self.stop) if self.stop else None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Nothing to do: the sampler decodes with the training model itself (rollout/engine.py's contract)."""
@@ -197,11 +209,15 @@ class Sampler:
         finally:
             self.model.train(was_training)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        stopped = torch.zeros_like(lengths, dtype=torch.bool)
+        if self._scan is not None:  # the rule on whole rows: texts cut before their stop string
+            lengths, stopped, texts = self._scan.finish(tokens, lengths)
         completion_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()
         tokens = tokens.masked_fill(completion_mask == 0, pad)
         logps = logps * completion_mask
-        ended = (tokens == eos).any(-1)
-        texts = self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
+        ended = (tokens == eos).any(-1) | stopped
+        if self._scan is None:
+            texts = self.tokenizer.batch_decode(tokens.cpu(), skip_special_tokens=True)
         return Rollouts(
             prompts=list(prompts), group_size=n, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
             completion_ids=tokens, completion_mask=completion_mask, logp=logps, truncated=~ended, texts=texts,
@@ -212,9 +228,10 @@ class Sampler:
                           temperature: float | None = None) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         """Continue B token contexts (the ids as they are, nothing re-tokenized) by at most T = uniforms.shape[1]
         new tokens each, one sample per context; uniforms (B, T) in [0, 1) are the draws (see sample_tokens).
-        Returns, per context, the new ids (EOS included when sampled), their log-probs under the sampling
-        distribution, and whether EOS ended it. Each context is prefilled in full (no cache is kept across calls:
-        a later turn of an episode costs the prefill of its whole context; rollout/episodes.py)."""
+        Returns, per context, the new ids (EOS, or the token completing a stop string, included), their log-probs
+        under the sampling distribution, and whether EOS or a stop string ended it. Each context is prefilled in
+        full (no cache is kept across calls: a later turn of an episode costs the prefill of its whole context;
+        rollout/episodes.py)."""
         temperature = self.temperature if temperature is None else temperature
         if not contexts or any(len(c) == 0 for c in contexts):
             raise ValueError("generate_from_ids: every context needs at least one token")
@@ -234,13 +251,18 @@ class Sampler:
         finally:
             self.model.train(was_training)
         eos = self.tokenizer.eos_token_id
+        stopped = [False] * len(contexts)
+        if self._scan is not None:
+            lengths, stopped, _ = self._scan.finish(tokens, lengths)
+            stopped = stopped.tolist()
         tokens, logps, lengths = tokens.cpu().tolist(), logps.cpu().tolist(), lengths.cpu().tolist()
         out_ids = [t[:n] for t, n in zip(tokens, lengths)]
-        return out_ids, [lp[:n] for lp, n in zip(logps, lengths)], [bool(t) and t[-1] == eos for t in out_ids]
+        ended = [s or (bool(t) and t[-1] == eos) for s, t in zip(stopped, out_ids)]
+        return out_ids, [lp[:n] for lp, n in zip(logps, lengths)], ended
 
     def _decode(self, prompt_ids, prompt_mask, n: int, uniforms, temperature: float):
         """(tokens (N, T), logp (N, T), lengths (N,)) with T = uniforms.shape[1]; positions past a row's length
-        are garbage."""
+        are garbage. A row ends at EOS, at the token completing a stop string (StopScan.hits) or at T."""
         model, device = self.model, prompt_ids.device
         (P, L), T = prompt_ids.shape, uniforms.shape[1]
         N = P * n
@@ -271,12 +293,16 @@ class Sampler:
             tok, lp = sample_tokens(logits, temperature, self.top_p, uniforms[rows, t])
             tokens[rows, t] = tok  # rows that already ended write garbage past their length
             logps[rows, t] = lp
-            done = (tok == eos) & live
-            n_done = int(done.sum()) if eos is not None else 0
+            done = (tok == eos) & live if eos is not None else torch.zeros_like(live)
+            if self._scan is not None:  # the newest tokens' text of the live rows holds a stop string
+                done |= self._scan.hits(tokens, rows, t, live & ~done)
+            n_done = int(done.sum())
             if n_done:
                 lengths[rows[done]] = t + 1
                 live = live & ~done
                 n_live -= n_done
+            if self.on_step is not None:
+                self.on_step(t + 1, T, n_live)
             if t == T - 1 or n_live == 0:
                 break
             if (live.numel() - n_live) * 8 >= live.numel():  # compact: finished rows stop costing

@@ -8,10 +8,12 @@
 Log-probs are vLLM's `processed_logprobs` (after temperature and top-p), the same distribution the native sampler
 reports; `rollout/logp_diff` compares them with the trainer's, `algo.tis_cap` corrects for the difference.
 
-Stopping: like the native sampler, a completion ends at the tokenizer's EOS (the trainer's) or at T tokens, nothing
-else. vLLM on its own also stops at every `eos_token_id` of the model's generation_config.json (Qwen2.5-Instruct lists
-151645 and 151643) and holds them all back before min_tokens; ignore_eos=True would stop only the first. So the
-engine reads a copy of that file whose eos_token_id is the tokenizer's (`LLM(generation_config=<dir>)`).
+Stopping: like the native sampler, at the tokenizer's EOS (the trainer's), at a stop string (rollout.stop:
+SamplingParams.stop, which needs vLLM's tokenizer and detokenizer, loaded only then; the rows are cut by the native
+rule, rollout/stop.py finish, so both engines give the same ids and texts) or at T tokens, nothing else. vLLM on its
+own also stops at every `eos_token_id` of the model's generation_config.json (Qwen2.5-Instruct lists 151645 and
+151643) and holds them all back before min_tokens; ignore_eos=True would stop only the first. So the engine reads a
+copy of that file whose eos_token_id is the tokenizer's (`LLM(generation_config=<dir>)`).
 
 Weights (sync_weights, called after every optimizer step): when the policy's tensors changed since the last sync
 (torch's in-place version counters), its weights (LoRA: the merged W + (alpha/r) B A) go straight into the engine's
@@ -43,6 +45,7 @@ import torch
 
 from grpo.errors import GrpoError, MissingExtraError
 from grpo.rollout.sampler import encode_prompts
+from grpo.rollout.stop import StopScan
 from grpo.types import Prompt, Rollouts
 
 log = logging.getLogger("grpo.rollout")
@@ -119,8 +122,10 @@ class VllmEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, model_dir, *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, max_prompt_tokens: int | None = None,
                  min_new_tokens: int = 0, seed: int = 0, gpu_memory_utilization: float = 0.3,
-                 max_batch_tokens: int = 1 << 16, dist=None, probe_tolerance: float | None = None):
+                 max_batch_tokens: int = 1 << 16, dist=None, probe_tolerance: float | None = None, stop=()):
         vllm = import_vllm()
+        self.stop = tuple(stop or ())
+        self._scan = StopScan(tokenizer, self.stop) if self.stop else None
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_prompt_tokens, self.min_new_tokens = max_prompt_tokens, min_new_tokens
@@ -139,7 +144,8 @@ class VllmEngine:
                                                 gpu_memory_utilization=gpu_memory_utilization,
                                                 max_batch_tokens=max_batch_tokens,
                                                 distributed=bool(getattr(dist, "enabled", False)),
-                                                generation_config=self._generation_config.name))
+                                                generation_config=self._generation_config.name,
+                                                tokenizer=bool(self.stop)))
         self.start_s = time.perf_counter() - t0
         self._asleep = False
         self._held = 0  # awake() depth: no sleep while held
@@ -173,7 +179,13 @@ class VllmEngine:
         outputs = self._generate([list(c) for c in contexts], row_seeds(uniforms), 1, T, temperature)
         ids = [list(out.outputs[0].token_ids)[:T] for out in outputs]
         logps = [[lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, i)] for out, i in zip(outputs, ids)]
-        return ids, logps, [bool(i) and i[-1] == eos for i in ids]
+        stopped = [False] * len(ids)
+        if self._scan is not None:  # the native rule on the returned ids
+            padded = torch.tensor([i + [0] * (T - len(i)) for i in ids], dtype=torch.long).view(len(ids), T)
+            lengths, cut, _ = self._scan.finish(padded, torch.tensor([len(i) for i in ids]))
+            ks, stopped = lengths.tolist(), cut.tolist()
+            ids, logps = [i[:k] for i, k in zip(ids, ks)], [lp[:k] for lp, k in zip(logps, ks)]
+        return ids, logps, [s or (bool(i) and i[-1] == eos) for s, i in zip(stopped, ids)]
 
     def _generate(self, contexts: list[list[int]], seeds: list[int], n: int, max_tokens: int,
                   temperature: float | None):
@@ -188,7 +200,8 @@ class VllmEngine:
         eos = self.tokenizer.eos_token_id
         params = [SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=max_tokens,
                                  min_tokens=min(self.min_new_tokens, max_tokens), logprobs=0, seed=s,
-                                 stop_token_ids=[] if eos is None else [eos], detokenize=False) for s in seeds]
+                                 stop_token_ids=[] if eos is None else [eos], stop=list(self.stop),
+                                 detokenize=bool(self.stop)) for s in seeds]
         inputs = [TokensPrompt(prompt_token_ids=c) for c in contexts]
         self._wake()
         try:
@@ -212,9 +225,14 @@ class VllmEngine:
                 tokens[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
                 logp[row, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)])
                 lengths[row] = len(ids)
+        stopped = torch.zeros(N, dtype=torch.bool)
+        if self._scan is not None:  # the native rule on the returned ids: the same ids and texts as the sampler's
+            lengths, stopped, texts = self._scan.finish(tokens, lengths)
         mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
-        ended = (tokens == eos).any(-1)
-        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        tokens, logp = tokens.masked_fill(mask == 0, pad), logp * mask
+        ended = (tokens == eos).any(-1) | stopped
+        if self._scan is None:
+            texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         dev = self.device
         return Rollouts(prompts=list(prompts), group_size=n, prompt_ids=prompt_ids.to(dev),
                         prompt_mask=prompt_mask.to(dev), completion_ids=tokens.to(dev), completion_mask=mask.to(dev),
@@ -302,11 +320,14 @@ class VllmEngine:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def engine_kwargs(model, model_dir, dtype: torch.dtype, cuda: bool, *, seed: int, gpu_memory_utilization: float,
-                  max_batch_tokens: int, distributed: bool, generation_config: str | None = None) -> dict:
+                  max_batch_tokens: int, distributed: bool, generation_config: str | None = None,
+                  tokenizer: bool = False) -> dict:
     """vllm.LLM's arguments for this policy; generation_config: a directory with the generation_config.json to use
-    instead of the model's (write_generation_config)."""
-    kw = dict(model=str(model_dir), dtype=str(dtype).replace("torch.", ""), seed=seed, skip_tokenizer_init=True,
-              logprobs_mode="processed_logprobs", enable_prefix_caching=True, max_logprobs=1)
+    instead of the model's (write_generation_config); tokenizer: load vLLM's tokenizer (stop strings need its
+    detokenizer; the prompts are token ids either way)."""
+    kw = dict(model=str(model_dir), dtype=str(dtype).replace("torch.", ""), seed=seed,
+              skip_tokenizer_init=not tokenizer, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+              max_logprobs=1)
     if generation_config is not None:
         kw["generation_config"] = str(generation_config)
     if cuda:

@@ -17,19 +17,21 @@ from grpo.rollout import Sampler
 @torch.no_grad()
 def evaluate_model(model, tokenizer, task, prompts, *, batch_size: int = 250, max_new_tokens: int = 24,
                    max_prompt_tokens: int | None = None, progress=None, max_turns: int = 4,
-                   max_tokens: int | None = None, step_workers: int | None = None, compute: str = "weights") -> dict:
+                   max_tokens: int | None = None, step_workers: int | None = None, compute: str = "weights",
+                   stop: tuple[str, ...] = ()) -> dict:
     """{'accuracy': float, 'n': int, 'correct': list[bool], 'completions': list[str]} under greedy decoding.
     `progress(done, total)` is called after each batch (grpo.tracking.progress.Phase.update).
     A task with an environment (grpo.train.episodes) is evaluated on greedy episodes (run_episodes' limits
     max_turns, max_tokens, step_workers: cfg.env's, as grpo.train.episodes.env_limits gives them); each is judged
     by its final policy turn, or as a whole by a task with `is_correct_episode`, and the result adds
     'tool_use_frac' (episodes that called a tool) and 'episodes' (their records). compute: what the forwards compute
-    in (models/compute.py; a run evaluates as its sampler samples)."""
+    in (models/compute.py; a run evaluates as its sampler samples); stop: rollout.stop (a completion ends at a stop
+    string and is judged on the text before it, as in training)."""
     from grpo.rollout.episodes import run_episodes
     from grpo.train.episodes import task_environment
 
     sampler = Sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=0.0,
-                      max_prompt_tokens=max_prompt_tokens, compute=compute)
+                      max_prompt_tokens=max_prompt_tokens, compute=compute, stop=stop)
     env = task_environment(task, tokenizer)
     completions: list[str] = []
     episodes: list[dict] = []
@@ -79,12 +81,12 @@ def _judge(task, prompts, completions, episodes=None) -> list[bool]:
 def sample_correct(model, tokenizer, task, prompts, *, n: int, temperature: float, top_p: float = 1.0,
                    max_new_tokens: int = 24, max_prompt_tokens: int | None = None, batch_size: int = 250,
                    seed: int = 0, max_turns: int = 4, max_tokens: int | None = None,
-                   step_workers: int | None = None, compute: str = "weights") -> list[dict]:
+                   step_workers: int | None = None, compute: str = "weights", stop: tuple[str, ...] = ()) -> list[dict]:
     """n sampled completions per prompt at `temperature`, each judged by the task: [{uid, completions (n,), correct
     (n,)}] in prompt order. Each prompt's samples come from its own generator seeded by (seed, its index), so the
     result does not depend on batch_size."""
     sampler = Sampler(model, tokenizer, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                      max_prompt_tokens=max_prompt_tokens, compute=compute)
+                      max_prompt_tokens=max_prompt_tokens, compute=compute, stop=stop)
     from grpo.rollout.episodes import run_episodes
     from grpo.train.episodes import task_environment
 
@@ -117,13 +119,13 @@ def evaluate_problems(model, tokenizer, task, prompts, *, batch_size: int, max_n
                       max_prompt_tokens: int | None, k: int | None = None, samples: int | None = None,
                       temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_turns: int = 4,
                       max_tokens: int | None = None, step_workers: int | None = None,
-                      progress=None, compute: str = "weights") -> tuple[dict, list[dict]]:
+                      progress=None, compute: str = "weights", stop: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
     """`grpo eval`: greedy accuracy, and with k: pass@1..pass@k from `samples` (default k) sampled completions per
     problem. Returns (the JSON summary, one record per problem: uid, prompt, answer, greedy completion and verdict,
     and with k the sampled completions, their verdicts and c = how many are correct). `progress(done, total)` after
-    each greedy batch. compute: what the forwards compute in (models/compute.py)."""
+    each greedy batch. compute: what the forwards compute in (models/compute.py); stop: rollout.stop."""
     limits = {"max_turns": max_turns, "max_tokens": max_tokens, "step_workers": step_workers,  # cfg.env's
-              "compute": compute}
+              "compute": compute, "stop": stop}
     greedy = evaluate_model(model, tokenizer, task, prompts, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             max_prompt_tokens=max_prompt_tokens, progress=progress, **limits)
     summary = {"accuracy": greedy["accuracy"], "n": greedy["n"]}
@@ -166,7 +168,7 @@ def heldout_accuracy(cfg, model_dir: Path, console=None) -> dict:
     with Phase("evaluating", len(prompts), "problems", console=console) as ph:
         res = evaluate_model(model, tokenizer, task, prompts, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
                              max_prompt_tokens=cfg.data.max_prompt_tokens, progress=ph.update,
-                             **env_limits(cfg))
+                             stop=tuple(cfg.rollout.stop), **env_limits(cfg))
     out = {"task": cfg.data.task, "difficulty": cfg.data.difficulty, "n": res["n"], "accuracy": res["accuracy"],
            "max_new_tokens": max_new, "batch_size": cfg.eval.batch_size, "metric": "greedy pass@1, float32, CPU"}
     if "tool_use_frac" in res:  # a task with tools: the share of greedy episodes that called one

@@ -19,20 +19,33 @@ the same, or only one prompt's group has any spread, more batches of other train
 `train.preflight_batches`), until two prompts show a reward spread; fewer than two in all of them is fatal. One
 lucky prompt is not a signal (the built-in model, asked "What is 2 * 2?", answers 4 by adding), and a model right 2%
 of the time on every prompt shows a spread in 15% of its groups at G=8, so 16 batches of 4 prompts stop it by bad
-luck with probability 0.85^64 + 64 x 0.15 x 0.85^63 < 0.001. The check saves and restores
-every global RNG (python, numpy, torch, CUDA) and draws no prompt from the training stream, so a run trains on
-exactly what it would without it.
+luck with probability 0.85^64 + 64 x 0.15 x 0.85^63 < 0.001.
+
+Bounded (a verdict in about a minute for a 270M model on 2 cores): sampling stops once the verdict is certain (two
+prompts with a spread; a reward that never gives a value), and no batch is begun that would end past BUDGET_S CPU
+seconds at the pace so far (CPU time: a loaded machine gives the same verdict); all the same reward in fewer batches
+than planned is then a warning, not fatal (too few prompts to be sure; train.zero_spread_steps still stops a run that
+never sees a spread). The log-prob gap is measured once, on the first group. A progress line tells the batch, the
+tokens sampled and the CPU seconds of the budget spent. Completions of a model without a chat template (raw prompts)
+that run on past the answer get the stop string that ends them (rollout.stop; rollout/stop.py suggest_stop): the
+prompt's own label ("Question:") that the model writes again, or "\n" when the answer is the first line, never a
+longer max_new_tokens. The check saves and restores every global RNG (python, numpy, torch, CUDA) and draws no
+prompt from the training stream, so a run trains on exactly what it would without it.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo.errors import HealthGuardError
 from grpo.rewards.runner import STATUS_CAUSES
+from grpo.rollout.stop import suggest_stop
 from grpo.tracking.health import LOGP_FIX
 
 
@@ -76,14 +89,16 @@ def _fmt(x) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-def measure(trainer, n_groups: int, start: int = 0) -> dict:
+def measure(trainer, n_groups: int, start: int = 0, on_step=None) -> dict:
     """Sample training prompts start .. start + n_groups - 1 (x G) with trainer's sampler and score them like a step
     does (from the training split's list, not the prompt stream: the stream is not advanced).
 
     Returns {groups, group_size, truncated_frac, zero_spread_frac, all_same_reward (float or None), rewards:
     {name: {mean, min, max, missing_frac}}, logp_gap (float or None when top_p < 1), prompt_len_mean, prompt_len_max,
-    completion_len_mean, completion_len_max, max_new_tokens, example (one completion text)}. The global RNG states
-    are restored afterwards.
+    completion_len_mean, completion_len_max, max_new_tokens, example (one completion text), run_on ({stop, seen, of}:
+    raw prompts whose cut-off completions run on past the answer, suggest_stop; or None)}. The log-prob gap is of the
+    first group, and only measured for the first batch (start 0; None after). on_step: the native sampler's per-token
+    progress hook (Sampler.on_step) while this batch samples. The global RNG states are restored afterwards.
     """
     from grpo.algo import zero_std_groups
     from grpo.parallel import generation
@@ -97,10 +112,10 @@ def measure(trainer, n_groups: int, start: int = 0) -> dict:
     try:
         torch.manual_seed(cfg.train.seed)  # the same sample on every rank and every run of this config
         env = task_environment(trainer.task, trainer.tokenizer)  # a task with tools: whole episodes, as a step
-        with generation(trainer.policy, trainer.dist):
+        with generation(trainer.policy, trainer.dist), _hooked(trainer.sampler, on_step):
             rollouts = run_episodes(trainer.sampler, prompts, G, env, **env_limits(cfg))
         scores = trainer.producer.score(rollouts)
-        gap = _logp_gap(trainer, rollouts)
+        gap = _logp_gap(trainer, rollouts.select_groups([0])) if start == 0 else None  # merges keep the first's
     finally:
         restore_rng_state(saved)
     total = scores.total.float()
@@ -118,8 +133,31 @@ def measure(trainer, n_groups: int, start: int = 0) -> dict:
         "completion_len_mean": float(lengths.mean()), "completion_len_max": int(lengths.max()),
         "example": rollouts.texts[0] if rollouts.texts else "",
         "spread_groups": int((~zero_std_groups(total, G)).sum()), "batches": 1,
-        "builtin_model": cfg.model.name == "builtin:tiny",
+        "builtin_model": cfg.model.name == "builtin:tiny", "run_on": _run_on(prompts, rollouts),
     }
+
+
+def _run_on(prompts, rollouts) -> dict | None:
+    """{stop, seen, of} when the prompts are raw (no chat template: a base model) and at least half of the cut-off
+    completions run on past their answer in the same way (rollout/stop.py suggest_stop), else None."""
+    cut = [t for t, tr in zip(rollouts.texts, rollouts.truncated.tolist()) if tr]
+    if not cut or any(p.templated for p in prompts):
+        return None
+    found = suggest_stop([p.text for p in prompts], cut)
+    return None if found is None else {"stop": found[0], "seen": found[1], "of": len(cut)}
+
+
+@contextmanager
+def _hooked(sampler, on_step):
+    """The native sampler's per-token hook set for one batch (other engines have none: no per-token progress)."""
+    if on_step is None or not hasattr(sampler, "on_step"):
+        yield
+        return
+    before, sampler.on_step = sampler.on_step, on_step
+    try:
+        yield
+    finally:
+        sampler.on_step = before
 
 
 def merge_batches(first: dict, more: dict) -> dict:
@@ -182,15 +220,22 @@ def judge(stats: dict) -> list[Verdict]:
     """The verdicts of `measure`'s numbers, fatal first; one `ok` verdict when nothing is wrong. Pure."""
     s, out = stats, []
     n, mnt = s["groups"] * s["group_size"], s["max_new_tokens"]
-    trunc = s["truncated_frac"]
+    trunc, run_on = s["truncated_frac"], s.get("run_on")
+    if run_on:  # a base model writing on past its answer: a stop string ends it, more tokens would not
+        label = run_on["stop"] != "\n"
+        fix = (f"they run on past the answer: {run_on['seen']} of the {run_on['of']} cut off "
+               + (f"write the prompt's own {run_on['stop']!r} again" if label else "answer on their first line and go "
+                  "on to more lines") + f"; end them there with rollout.stop='[{json.dumps(run_on['stop'])}]' (a "
+               "longer rollout.max_new_tokens would only let them run on longer)")
     if trunc >= 0.5 and s["zero_spread_frac"] >= 0.5:  # most cut off, and the cut-off answers give no signal
-        out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
-                                    f"rollout.max_new_tokens={_raise(mnt)}), or check that the model can emit its "
-                                    f"end-of-sequence token; cut off, {s['zero_spread_frac']:.0%} of the groups have "
-                                    "zero reward spread and teach nothing"))
+        out.append(Verdict("fatal", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: " + (
+            fix if run_on else f"raise it (e.g. rollout.max_new_tokens={_raise(mnt)}), or check that the model can "
+            "emit its end-of-sequence token") + f"; cut off, {s['zero_spread_frac']:.0%} of the groups have zero "
+            "reward spread and teach nothing"))
     elif trunc >= 0.5:
-        out.append(Verdict("warn", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: raise it (e.g. "
-                                   f"rollout.max_new_tokens={_raise(mnt)}); cut-off answers usually score 0"))
+        out.append(Verdict("warn", f"{trunc:.0%} of completions hit rollout.max_new_tokens={mnt}: " + (
+            fix if run_on else f"raise it (e.g. rollout.max_new_tokens={_raise(mnt)}); cut-off answers usually "
+            "score 0")))
     for name, r in s["rewards"].items():
         why = r.get("why", _CAUSES["none"])
         if r["missing_frac"] >= 1.0 and why.startswith(_CAUSES["none"]) and "," not in why:
@@ -210,14 +255,21 @@ def judge(stats: dict) -> list[Verdict]:
             out.append(Verdict("warn", f"reward {name!r} gave {r['min']:g} to all {n} completions: it adds no "
                                        "signal; a format mismatch? compare its expected format with a completion: "
                                        f"{s['example'][:80]!r}"))
-    if s["all_same_reward"] is not None:
+    early = s.get("stopped_early")  # sampling ended before the batches that make "cannot learn" certain
+    if s["all_same_reward"] is not None and early:
+        out.append(Verdict("warn", f"all {n} sampled completions ({s.get('batches', 1)} batch(es) of "
+                                   f"{s['group_size']} x {s['groups'] // s.get('batches', 1)} prompts) got the same "
+                                   f"reward {s['all_same_reward']:g}; the preflight stopped sampling there ({early}): "
+                                   "too few prompts to say the run cannot learn. If no reward varies, training stops "
+                                   "after train.zero_spread_steps steps without a spread"))
+    elif s["all_same_reward"] is not None:
         batches = s.get("batches", 1)
         over = f" ({batches} batches of {s['groups'] // batches} prompts)" if batches > 1 else ""
         out.append(Verdict("fatal", f"all {n} sampled completions{over} got the same reward "
                                     f"{s['all_same_reward']:g}: every group has zero spread, so every advantage is 0 "
                                     "and nothing is learned. " + cannot_learn_hint(s.get("builtin_model", False))
                                     + f" Check the reward against a completion: {s['example'][:80]!r}"))
-    elif s.get("batches", 1) > 1 and s.get("spread_groups", 2) < MIN_SPREAD_GROUPS:
+    elif s.get("batches", 1) > 1 and s.get("spread_groups", 2) < MIN_SPREAD_GROUPS and not early:
         out.append(Verdict("fatal", f"only {s['spread_groups']} of the {s['groups']} sampled prompts "
                                     f"({s['batches']} batches) had any reward spread among its {s['group_size']} "
                                     "completions: one lucky prompt is not a signal, and every other advantage is 0. "
@@ -274,22 +326,53 @@ def preflight_batches(trainer) -> int:
     return max(min(cfg.train.preflight_batches, len(trainer.train_prompts) // cfg.train.preflight_groups), 1)
 
 
-def run_preflight(trainer, progress=None) -> PreflightReport:
+# no preflight batch is begun that would end past this many CPU seconds of this process (all its threads: about half a
+# minute of a 2-core machine's wall time for a model's dense work), at the pace of the batches so far. CPU time, not
+# wall time: on a loaded machine the same work gives the same verdict
+BUDGET_S = 60.0
+
+
+def run_preflight(trainer, progress=None, budget_s: float = BUDGET_S, clock=time.process_time) -> PreflightReport:
     """measure + judge with trainer's config; under torchrun every rank runs it (the same prompts and seed) and the
-    report is fatal on every rank when it is on one. `progress(done, total)` after each batch (the total: the
-    batches sampled, once the check stops early)."""
-    n = trainer.cfg.train.preflight_groups
-    stats = measure(trainer, n)
-    more = preflight_batches(trainer) - 1
-    for k in range(1, more + 1):  # under two prompts with a spread: more prompts before calling it fatal
+    report is fatal on every rank when it is on one. `progress(done, total, info)` after each batch (the total: the
+    batches sampled, once the check stops early) and, with the native sampler, during a batch (info: the batch, its
+    tokens, the CPU seconds of the budget spent). More batches are sampled only while no verdict is certain (under two
+    prompts with a spread, every reward present) and the next would end within budget_s of `clock` (CPU seconds) at
+    the pace so far."""
+    n, t0 = trainer.cfg.train.preflight_groups, clock()
+    total = preflight_batches(trainer)
+    stats = measure(trainer, n, on_step=_on_step(progress, 0, total, t0, budget_s, clock))
+    for k in range(1, total):  # under two prompts with a spread: more prompts before calling it fatal
         if stats["spread_groups"] >= MIN_SPREAD_GROUPS or _reward_missing(stats):
             break
+        spent = clock() - t0
+        if spent / k * (k + 1) > budget_s:
+            stats["stopped_early"] = (f"{k} batch(es) took {spent:.0f} CPU s; another would pass its "
+                                      f"{budget_s:.0f} CPU s budget")
+            break
         if progress is not None:
-            progress(k, more + 1)
-        stats = merge_batches(stats, measure(trainer, n, start=k * n))
+            progress(k, total)
+        stats = merge_batches(stats, measure(trainer, n, start=k * n,
+                                             on_step=_on_step(progress, k, total, t0, budget_s, clock)))
     if progress is not None:
         progress(stats["batches"], stats["batches"])
     report = PreflightReport(stats, judge(stats))
     if trainer.dist.enabled and trainer.dist.any(report.fatal) and not report.fatal:
         report.verdicts.insert(0, Verdict("fatal", "another process's preflight found that the run cannot learn"))
     return report
+
+
+def _on_step(progress, k: int, total: int, t0: float, budget_s: float, clock):
+    """The sampler's per-token hook of batch k: progress(k, total, 'batch k+1: t/T tokens, m rows running, s of
+    budget'), at most every half CPU second."""
+    if progress is None:
+        return None
+    last = [0.0]
+
+    def hook(t: int, T: int, live: int) -> None:
+        now = clock()
+        if now - last[0] >= 0.5 or t == T:
+            last[0] = now
+            progress(k, total, f"batch {k + 1}: {t}/{T} tokens, {live} rows running, {now - t0:.0f} of "
+                               f"{budget_s:.0f} CPU s")
+    return hook

@@ -262,7 +262,7 @@ class Trainer:
                                  batch_size=self.cfg.eval.batch_size,
                                  max_new_tokens=self.cfg.eval.max_new_tokens or self.cfg.rollout.max_new_tokens,
                                  max_prompt_tokens=self.cfg.data.max_prompt_tokens, progress=progress,
-                                 compute=self.compute, **env_limits(self.cfg))
+                                 compute=self.compute, stop=tuple(self.cfg.rollout.stop), **env_limits(self.cfg))
         if d.enabled:
             parts = d.gather((res["correct"], res["completions"]))
             correct, completions = d.unstride([c for c, _ in parts]), d.unstride([x for _, x in parts])
