@@ -183,6 +183,13 @@ def round_three(mp):
     return script.main, "round_three.json", "bench/results/round_three.json"
 
 
+def lean_paths(mp):
+    script = load_script("scripts/lean_paths.py")
+    mp.setattr(script, "generation", lambda model, repeats: {})
+    mp.setattr(script, "training_steps", lambda model, steps, work: {})
+    return lambda: script.main(["--model", "DIR"]), "lean_paths.json", "bench/results/lean_paths_gemma3.json"
+
+
 def readme_figures(mp):
     script = load_script("bench/readme_figures.py")
     mp.setattr(script, "run_train", lambda name, overrides, out_root, nice: {"name": name})
@@ -215,7 +222,8 @@ def learning_run(mp):
 
 
 WRITERS = [grpo_bench, engines_alone, engines_model, vocab_alone, memory, async_rollouts, versus_trl, learning_vs_trl,
-           optimizer_learning, profile_step, out_of_scope_parsers, round_three, readme_figures, learning_run]
+           optimizer_learning, profile_step, out_of_scope_parsers, round_three, lean_paths, readme_figures,
+           learning_run]
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.__name__)

@@ -55,6 +55,9 @@ ENTRIES = {
     # the base's linear layers held in bf16 (computed in float32 on a CPU without native bf16; in bf16 with it)
     "qwen2.5-1.5b-lora16-bf16base-P4": ("qwen2.5-1.5b", ["model.lora_rank=16", "model.frozen_dtype=bfloat16",
                                                          "rollout.prompts_per_step=4", "rollout.group_size=8"]),
+    # issue #50: a base model of another family, a 262,144-token tied head, sliding-window layers (lean paths by
+    # evidence: the lean head and decoder both pass their checks)
+    "gemma3-270m-full-P4": ("gemma3-270m", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
 }
 
 
@@ -211,7 +214,8 @@ def computed_plans(measured: dict, work: Path) -> dict:
     return out
 
 
-LABELS = {"smollm2": "SmolLM2-135M-Instruct (real)", "qwen2.5-0.5b": "Qwen2.5-0.5B shape",
+LABELS = {"smollm2": "SmolLM2-135M-Instruct (real)", "gemma3-270m": "Gemma 3 270M base (real)",
+          "qwen2.5-0.5b": "Qwen2.5-0.5B shape",
           "qwen2.5-1.5b": "Qwen2.5-1.5B shape", "qwen2.5-3b": "Qwen2.5-3B shape", "qwen2.5-7b": "Qwen2.5-7B shape"}
 
 

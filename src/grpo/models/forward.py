@@ -20,8 +20,11 @@ the N full sequences (tests/rollout/test_shared_prefix.py checks logits and grad
 is replaced, for the one forward that covers the completion positions, by `grpo.algo.hidden_token_logprobs`
 on the final hidden states (chunks of rows, logits recomputed in the backward pass). The replacement runs inside
 the head module's own call, where DDP, FSDP2 (which gathers the head's weight around that call) and peft expect
-the weight to be used. Any other head (a softcap or scale after it, a bias, a LoRA-wrapped or quantised head, forward
-hooks on the head, an architecture not known to be plain) takes the full-logits path, with one log line per model.
+the weight to be used. Whether a model's head is plain is decided by evidence, once per model (`head_probe`): on an
+8-token probe its own forward's logits must equal its final hidden states x its head's weight (within PROBE_TOLERANCE
+of the logits' scale), and what its head returns must come out of the forward unchanged. Any other head (a softcap or
+scale after it, set in the config or seen by the probe; a bias, a LoRA-wrapped or quantised head, forward hooks on the
+head) takes the full-logits path, with one log line per model; the check's result is logged once either way.
 """
 
 from __future__ import annotations
@@ -33,13 +36,29 @@ import torch
 
 log = logging.getLogger("grpo.models")
 
-# architectures whose causal-LM forward returns lm_head(final hidden states) unchanged (no softcap, no scale)
-PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                                    "phi3", "olmo2"})
-# config fields that post-process the logits in some architectures; set to anything but None/1, not plain
+# config fields that post-process the logits in some architectures; set to anything but None/1, not plain. Refused by
+# name rather than left to the probe: a softcap c*tanh(x/c) is x where |x| << c, as a probe's logits may be
 _HEAD_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
                         "lm_head_multiplier")
 DEFAULT_CHUNK_TOKENS = 256
+PROBE_TOKENS = 8  # the length of the sequence a lean path is checked on (head_probe; rollout/decode.py decoder_probe)
+
+
+def probe_tolerance(dtype: torch.dtype) -> float:
+    """The largest |difference| a lean path's logits may have from the model's own forward on a probe, as a fraction
+    of the probe logits' scale max(1, max |logit|): 1e-4 for float32/float64 weights (the same products summed in
+    another order differ by about 1e-6 of the scale; a wrong formula is off by O(1)), 2^-4 for 16-bit ones (a few
+    roundings of 8 significant bits through the layers)."""
+    return 1e-4 if torch.finfo(dtype).bits >= 32 else 2.0 ** -4
+
+
+def logits_difference(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> tuple[float, float, float]:
+    """(max |got - want|, the scale max(1, max |want|), probe_tolerance(dtype) x the scale) of two logits tensors of
+    the same shape, for weights of `dtype`; the difference is inf where either is not finite."""
+    diff = (got.double() - want.double()).abs()
+    worst = float(diff.max()) if bool(torch.isfinite(diff).all()) else float("inf")
+    scale = max(1.0, float(want.double().abs().max()))
+    return worst, scale, probe_tolerance(dtype) * scale
 
 
 def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -159,12 +178,9 @@ def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
     else (None, why not)."""
     base = _base_model(model)
     config = getattr(base, "config", None)
-    model_type = getattr(config, "model_type", None)
     for name in _HEAD_POSTPROCESSING:
         if getattr(config, name, None) not in (None, 1, 1.0):
             return None, f"its config sets {name}={getattr(config, name)!r} (logits post-processed)"
-    if model_type not in PLAIN_HEAD_MODEL_TYPES:
-        return None, f"architecture {model_type!r} is not known to return its head's output unchanged"
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if not isinstance(head, torch.nn.Linear):
         return None, f"its output head is a {type(head).__name__}, not a torch.nn.Linear"
@@ -177,12 +193,85 @@ def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
     w = head.weight
     if not w.is_floating_point() or tuple(w.shape) != (head.out_features, head.in_features):
         return None, f"its output head's weight is {w.dtype} {tuple(w.shape)} (quantised or packed)"
-    return head, None
+    verdict = vars(base).get("_grpo_head_probe")  # the evidence, gathered once per model
+    if verdict is None:
+        verdict = head_probe(base, head)
+        object.__setattr__(base, "_grpo_head_probe", verdict)
+        if verdict[0]:
+            log.info(head_note(base))
+    return (head, None) if verdict[0] else (None, verdict[1])
+
+
+def head_note(model) -> str | None:
+    """The line that says the lean head was checked and passed, with its evidence; None before the check or when it
+    failed (then plain_output_head's warning says why)."""
+    verdict = vars(_base_model(model)).get("_grpo_head_probe")
+    if not verdict or not verdict[0]:
+        return None
+    return f"lean head checked: {verdict[1]}; log-probs come from the final hidden states, in chunks"
+
+
+@torch.no_grad()
+def head_probe(base, head) -> tuple[bool, str]:
+    """(agrees, what was seen): whether `base`'s forward on a PROBE_TOKENS-token sequence returns its final hidden
+    states h (1, S, H) x its head's weight W (V, H), h @ W^T, within probe_tolerance of the logits' scale, and
+    returns what its head returns unchanged (a (1, S) tensor of values from -1000 to 1000 in its place comes out as
+    it went in: no softcap, scale or bias after the head). Both are read inside the head's own call. An exception
+    is a disagreement naming it (the model then keeps the full-logits path)."""
+    import torch.nn.functional as F
+
+    seen: dict = {}
+
+    def recorded(hidden):  # the head's call: the lean product beside the head's own output
+        seen["lean"] = hidden.float() @ head.weight.float().t()
+        return F.linear(hidden, head.weight)
+
+    def marked(hidden):
+        seen["marker"] = torch.linspace(-1e3, 1e3, hidden.shape[:-1].numel(), device=hidden.device,
+                                        dtype=hidden.dtype).view(hidden.shape[:-1])
+        return seen["marker"]
+
+    try:
+        vocab = getattr(base.get_input_embeddings(), "num_embeddings", None) or head.out_features
+        ids = torch.randint(0, vocab, (1, PROBE_TOKENS), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(head.weight.device)
+        with torch.autocast(ids.device.type, enabled=False):
+            logits = _with_head(base, head, recorded, ids)
+            marker_out = _with_head(base, head, marked, ids)
+    except Exception as e:  # any failure keeps the full-logits path: named, never raised
+        return False, f"its forward with the head's output replaced raised {type(e).__name__}: {e}"
+    if "lean" not in seen:
+        return False, "its forward does not call its output head"
+    if logits is None or logits.shape != seen["lean"].shape:
+        return False, "its forward does not return its head's logits"
+    worst, scale, tol = logits_difference(seen["lean"], logits, head.weight.dtype)
+    if not worst <= tol:
+        return False, (f"its logits on a probe of {PROBE_TOKENS} tokens differ from its final hidden states x its "
+                       f"head's weight by {worst:.3g} (tolerance {tol:.3g}): it post-processes them")
+    if marker_out is None or marker_out.shape != seen["marker"].shape or not torch.equal(
+            marker_out.float(), seen["marker"].float()):
+        return False, "its forward changes what its output head returns (a softcap, scale or bias after the head)"
+    return True, (f"on a probe of {PROBE_TOKENS} tokens its logits are its final hidden states x its head's weight "
+                  f"(max |difference| {worst:.2g}, tolerance {tol:.2g}: {probe_tolerance(head.weight.dtype):g} of "
+                  f"the logits' scale {scale:.3g}) and it returns its head's output unchanged")
+
+
+def _with_head(base, head, fn, ids):
+    """base's logits for `ids` with the head's forward replaced by `fn` (the model in eval mode for the call)."""
+    was_training = base.training
+    head.forward = fn
+    base.eval()
+    try:
+        return getattr(base(input_ids=ids, use_cache=False), "logits", None)
+    finally:
+        del head.forward
+        base.train(was_training)
 
 
 def plain_output_head(model) -> torch.nn.Module | None:
-    """The model's output head when log-probs can be computed from hidden states and its weight, else None (with
-    one log line per model saying why the full-logits path is taken)."""
+    """The model's output head when log-probs can be computed from hidden states and its weight (a plain bias-free
+    linear layer without hooks, no logit post-processing in its config, and `head_probe`'s evidence, gathered on the
+    first call), else None (with one log line per model saying why the full-logits path is taken)."""
     head, why = _head_problem(model)
     if head is None and not getattr(model, "_grpo_head_logged", False):
         log.warning("log-probs take the full (N, T, V) logits path for this model: %s", why)

@@ -1,7 +1,7 @@
 """Multi-turn episodes, token in / token out (the contract is grpo.envs.base).
 
     turn 1      sampler.generate(prompts, G)        the single-turn path as it is: the prompt prefilled once per
-                                                    group, shared by its G rows, LeanDecoder for Llama-family models
+                                                    group, shared by its G rows, LeanDecoder where its check passed
     env         env.step(decoded turn) -> EnvReply  its message tokenized ONCE (grpo.envs.chat) and appended
     turn k > 1  sampler.generate_from_ids(contexts) each live episode's whole context (prompt + every earlier turn)
                                                     is prefilled again, then decoded (no cache kept across turns)

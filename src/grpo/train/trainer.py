@@ -29,6 +29,7 @@ from grpo.models.loading import check_device_and_dtype, load_policy, model_token
 from grpo.models.lora import reference_policy
 from grpo.parallel import align_batch, check_parallel_config, generation, init_distributed, wrap_policy
 from grpo.rewards.runner import reward_mean_std
+from grpo.rollout.decode import check_lean_paths
 from grpo.rollout.factory import build_engine
 from grpo.rollout.sampler import TRAINED_STEPS, check_model_logits
 from grpo.tracking.console import SMALL_N
@@ -130,6 +131,9 @@ class Trainer:
         self.train_prompts, held_out = check_lengths(self.train_prompts, held_out, self.tokenizer, cfg)
         if self.train_prompts:  # a model with NaN/inf logits is named now, before the run directory is written
             check_model_logits(self.policy, self.tokenizer, self.train_prompts[:1])
+        sampler_here = cfg.rollout.engine == "native" and cfg.rollout.mode == "sync"  # else the decoder is not ours
+        for note in check_lean_paths(self.policy, decoder=sampler_here):  # against the model's forward, on a probe
+            print_note(note, console)
         self.eval_prompts, self.val_prompts = split_held_out(held_out, cfg.eval.n, cfg.eval.val_n)
         note = held_out_note(cfg, len(held_out), len(self.eval_prompts), len(self.val_prompts))
         if note is not None:
