@@ -45,3 +45,26 @@ def test_bad_cap_is_named(cap, err):
 def test_shapes_must_match():
     with pytest.raises(ValueError, match="logp_engine"):
         truncated_is_weight(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), cap=2.0)
+
+
+# ------------------------------------------------- issue #51: the sampler/trainer correction attacked
+
+
+def test_a_nan_or_positive_infinite_engine_log_prob_gets_weight_zero_and_is_counted():
+    nan, inf = float("nan"), float("inf")
+    train = torch.tensor([[-1.0, -1.0, -1.0, -1.0]], dtype=D)
+    engine = torch.tensor([[nan, inf, -inf, -1.5]], dtype=D)
+    w, m = truncated_is_weight(train, engine, torch.ones(1, 4), cap=2.0)
+    # NaN, +inf: no probability, weight 0 (never NaN); -inf: probability 0, the ratio clamps at e^20 -> the cap
+    assert torch.allclose(w, torch.tensor([[0.0, 0.0, 2.0, math.exp(0.5)]], dtype=D), rtol=1e-6, atol=0)  # fp32 exp
+    assert m["invalid_frac"].item() == pytest.approx(2 / 4) and m["capped_frac"].item() == pytest.approx(1 / 4)
+    assert m["weight_mean"].item() == pytest.approx((2.0 + math.exp(0.5)) / 4)
+
+
+def test_zero_length_completions_and_an_empty_batch_give_finite_zero_metrics():
+    train, engine = torch.zeros(2, 3), torch.full((2, 3), float("nan"))
+    w, m = truncated_is_weight(train, engine, torch.zeros(2, 3), cap=2.0)  # no sampled token at all
+    assert torch.equal(w, torch.zeros(2, 3)) and all(v.item() == 0.0 for v in m.values())
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])  # the second completion has zero length
+    w, m = truncated_is_weight(train, torch.zeros(2, 3), mask, cap=2.0)
+    assert torch.equal(w, mask.float()) and m["weight_mean"].item() == 1.0 and m["invalid_frac"].item() == 0.0

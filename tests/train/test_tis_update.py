@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 
 from grpo.train.update import batch_logprobs, policy_update
@@ -52,3 +53,38 @@ def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):
     assert all(torch.allclose(b, 2.0 * a, rtol=1e-4, atol=1e-7) for a, b in zip(plain, capped))
     assert m_cap["policy/tis_capped_frac"] == 1.0
     assert "policy/tis_weight_mean" not in m_plain  # off: no metric, no weight
+
+
+def test_nan_sampler_log_probs_drop_only_their_tokens_and_say_so(make_trainer, caplog):
+    """Issue #51: a sampler log-prob of NaN at some sampled tokens: those tokens' policy-gradient terms are dropped
+    (weight 0, the gradient finite), policy/tis_invalid_frac counts them, one warning names them; NaN everywhere
+    says the micro-batch's policy gradient is 0 rather than training on it silently."""
+    trainer = make_trainer("optim.max_grad_norm=1e9")
+    rollouts = trainer.producer.generate(trainer.stream.next(2), 2, trainer.step_count, 0)
+    batch = trainer._policy_batch(rollouts)
+    batch.adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    cfg = trainer.cfg
+    train_logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
+                                cfg.optim.logprob_chunk_tokens)
+    mask = batch.mask.bool()
+    broken = train_logp.clone()
+    broken[0][mask[0]] = float("nan")  # every sampled token of completion 0
+    with caplog.at_level("WARNING", logger="grpo.train"):
+        grads, metrics = _gradients(trainer, batch, 2.0, broken)
+    assert all(torch.isfinite(g).all() for g in grads)
+    share = float(mask[0].sum() / mask.sum())
+    assert metrics["policy/tis_invalid_frac"] == pytest.approx(share, rel=1e-5)
+    assert metrics["policy/tis_weight_mean"] == pytest.approx(1 - share, rel=1e-5)  # the rest weigh exactly 1
+    assert f"{int(mask[0].sum())} of {int(mask.sum())} sampled tokens have a NaN or +inf sampler log-prob" in caplog.text
+    # the same update with completion 0's advantage 0 instead: its tokens then carry no gradient either
+    zeroed = copy.copy(batch)
+    zeroed.adv = batch.adv.clone()
+    zeroed.adv[0] = 0.0
+    want, _ = _gradients(trainer, zeroed, None, train_logp)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(grads, want))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpo.train"):
+        grads, metrics = _gradients(trainer, batch, 2.0, torch.full_like(train_logp, float("nan")))
+    assert metrics["policy/tis_invalid_frac"] == 1.0 and metrics["policy/tis_weight_mean"] == 0.0
+    assert "every token: this micro-batch's policy gradient is 0" in caplog.text
+    assert all(torch.isfinite(g).all() for g in grads)

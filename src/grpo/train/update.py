@@ -9,6 +9,7 @@ the micro-batching.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,8 @@ from grpo.models.forward import (DEFAULT_CHUNK_TOKENS, completion_logits, comple
                                  lean_head_gradients)
 from grpo.train.memory_plan import release_freed_memory
 from grpo.train.optim import guarded_step
+
+log = logging.getLogger("grpo.train")
 
 
 @dataclass
@@ -178,6 +181,8 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
         token_loss = token_loss * tis
         forward["policy/tis_weight_mean"] = weight * tis_m["weight_mean"]
         forward["policy/tis_capped_frac"] = weight * tis_m["capped_frac"]
+        forward["policy/tis_invalid_frac"] = weight * tis_m["invalid_frac"]
+        _warn_invalid_sampler_logp(tis_m["invalid_frac"], mask)
     if algo.top_entropy_quantile < 1.0:  # only the high-entropy "forking" tokens carry the gradient; the
         keep = high_entropy_mask(entropy, mask, algo.top_entropy_quantile)  # normaliser stays (as TRL)
         token_loss = token_loss * keep
@@ -186,7 +191,7 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
     policy_loss = aggregate(token_loss, mask, **agg)
     loss = policy_loss
     if first_epoch and batch.sampler_logp is not None:
-        diff = (logp.detach() - batch.sampler_logp[rows_n]).abs()
+        diff = (logp.detach() - batch.sampler_logp[rows_n]).abs().nan_to_num(0.0, posinf=0.0)  # invalid: counted above
         forward["rollout/logp_diff"] = weight * masked_mean(diff, mask)
     if batch.ref_logp is not None:
         kl = kl_estimate(logp, batch.ref_logp[rows_n], kind=kl_cfg.estimator)
@@ -202,6 +207,18 @@ def micro_batch_loss(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, cf
 
 
 FIRST_EPOCH = ("rollout/logp_diff",)  # metrics of the policy that sampled: the first epoch's, not averaged
+
+
+def _warn_invalid_sampler_logp(invalid_frac: torch.Tensor, mask: torch.Tensor) -> None:
+    """One warning per micro-batch whose sampler log-probs hold NaN/+inf at sampled tokens (algo/tis.py gives
+    those tokens weight 0); when that is every token, it says the micro-batch's policy gradient is 0."""
+    share = float(invalid_frac)
+    if share > 0:
+        n = int(mask.sum())
+        whole = " (every token: this micro-batch's policy gradient is 0)" if share == 1.0 else ""
+        log.warning("algo.tis_cap: %d of %d sampled tokens have a NaN or +inf sampler log-prob, so no importance "
+                    "weight: their policy-gradient terms are dropped (weight 0)%s. The rollout engine returned "
+                    "them; see policy/tis_invalid_frac", round(share * n), n, whole)
 
 
 def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=None, *,
