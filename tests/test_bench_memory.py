@@ -49,6 +49,10 @@ def test_table_rows_render_the_results_file():
                        "`bench/results/memory.json` |")
     assert rows[1] == ("| Qwen2.5-7B shape | LoRA r=16 | P=4 G=8 T=32 | computed | - | 35.7 (computed) | - | "
                        "~555 (computed) | `bench/results/memory.json` |")
+    assert memory.table_rows(result, "bench/results/memory.json", computed=False).splitlines() == rows[:1]
+    result["entries"]["qwen2.5-0.5b-full-P4-limit1.5x"] = {**result["entries"].pop("qwen2.5-0.5b-full-defaults"),
+                                                          "overrides": ["train.memory_limit=11.04"]}
+    assert "| full, limit 11.04 GiB |" in memory.table_rows(result, "x", computed=False)
 
 
 @pytest.mark.parametrize("argv, words", [

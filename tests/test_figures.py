@@ -39,6 +39,9 @@ SOURCES = {
     "bench/results/vocab_train.json": ("scripts/vocab_train_memory.py", "bench/results/vocab_train.json"),
     "bench/results/engines.json": ("src/grpo/bench/engines.py", "bench/results/engines.json"),
     "bench/results/engines_model.json": ("src/grpo/bench/engines.py", "bench/results/engines_model.json"),
+    "bench/results/engines_model_bf16.json": ("src/grpo/bench/engines.py", "bench/results/engines_model_bf16.json"),
+    "bench/results/lean_paths_gemma3.json": ("scripts/lean_paths.py", "bench/results/lean_paths_gemma3.json"),
+    "bench/results/versus_trl_smollm2_p8.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
     "bench/results/optimizer_learning.json": ("src/grpo/bench/optimizer_learning.py",
                                               "bench/results/optimizer_learning.json"),
     "bench/results/precision_learning.json": ("src/grpo/bench/precision_learning.py",
@@ -99,6 +102,9 @@ MEMORY_DOC = "docs/memory.md"
 BF16 = "bench/results/bf16_matmul.json"
 MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
+ENGINES_BF16 = "bench/results/engines_model_bf16.json"
+LEAN_GEMMA = "bench/results/lean_paths_gemma3.json"
+VERSUS_P8 = "bench/results/versus_trl_smollm2_p8.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
 UPDATE_SPEED = "bench/results/update_speed.json"
 LOGP_GAP = "bench/results/logp_gap_smollm2.json"
@@ -128,10 +134,10 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
-def _memory_rows(d) -> str:
+def _memory_rows(d, computed: bool = True) -> str:
     from grpo.bench.memory import table_rows
 
-    return table_rows(d, MEMORY)
+    return table_rows(d, MEMORY, computed)
 SEEDS = "runs[0:3]"  # readme_figures.json: train.seed=0, 1, 2 (then the own-data run)
 
 
@@ -676,7 +682,7 @@ FIGURES = [
     F(SCALE_DOC, VOCAB_TRAIN, "{chunked.updates[1].update_peak_mb:.0f} and {chunked.updates[2].update_peak_mb:.0f} MB "
                               "above the resident set for its second and third updates"),
     # README and docs/memory.md: the memory table (grpo bench --memory)
-    F(README, MEMORY, "{rows}", rows=lambda d: _memory_rows(d)),
+    F(README, MEMORY, "{rows}", rows=lambda d: _memory_rows(d, computed=False)),  # the computed plans: memory.md
     F(MEMORY_DOC, MEMORY, "{rows}", rows=lambda d: _memory_rows(d)),
     F(MEMORY_DOC, MEMORY, "peaked at {b:.2f} GB with a bf16 base against {f:.2f} GB with a float32 one, and took "
                           "{bs:.0f} s a step against {fs:.0f} s",
@@ -690,6 +696,11 @@ FIGURES = [
     F(PERF_DOC, ENGINES_MODEL, "| transformers `generate` | {engines.hf.gen_tokens_per_s:.0f} | "
                                "{engines.hf.gflop_per_s:.1f} | {engines.hf.of_matmul_peak:.0%} |"),
     F(PERF_DOC, ENGINES_MODEL, "`generate` took {engines.hf.step_s_over_native:.2f}x native's time for the same tokens"),
+    F(PERF_DOC, ENGINES_BF16, "native\n{engines.native.gen_tokens_per_s:.0f} tokens/s, transformers `generate` on a bf16 "
+                              "copy of the weights {engines.hf.gen_tokens_per_s:.0f} tokens/s "
+                              "({engines.hf.step_s_over_native:.2f}x native's time for the"),
+    F(PERF_DOC, ENGINES_BF16, "The bf16 matrix products reach {floor.matmul_peak_gflop_per_s:.1f} GFLOP/s here"),
+    F(PERF_DOC, ENGINES_BF16, "native runs at {pct:.0f}% of that peak", pct=lambda d: 100 * d["engines"]["native"]["of_matmul_peak"]),
     F(PERF_DOC, ENGINES_MODEL, "2 x {params:.1f}M parameters x ({floor.prompt_tokens} prompt + {floor.decoded_tokens:,} "
                                "decoded tokens), without the output head at the prompt positions whose logits nobody "
                                "reads: {floor.gflop:,.0f} GFLOP",
@@ -715,6 +726,46 @@ FIGURES = [
       p=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["peak_mb"] * 2**20 / 1e9,
       cs=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-ckpt-P4")["step_s"]),
       ps=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4")["step_s"])),
+    # docs/performance.md: a step against 581fde8 and TRL with native bf16 (grpo.bench.versus_trl --before)
+    F(PERF_DOC, VERSUS_P8, "ours\n{median.ours.step_s:.1f} s a step (generate {median.ours.generate_s:.1f}, log-probs and "
+                           "update {median.ours.update_s:.1f}), the code at 581fde8 {median.before.step_s:.1f} s "
+                           "({median.before.generate_s:.1f} and {median.before.update_s:.1f}), TRL 1.16's GRPOTrainer "
+                           "(bf16, no gradient checkpointing) {median.trl.step_s:.1f} s. That is "
+                           "{ours_over_before.step_s:.2f}x 581fde8's seconds and {ours_over_trl.step_s:.2f}x TRL's, peaks "
+                           "{median.ours.peak_rss_mb:,.0f}, {median.before.peak_rss_mb:,.0f} and "
+                           "{median.trl.peak_rss_mb:,.0f} MB"),
+    F(PERF_DOC, VERSUS_P8, "the update ran at {update_rate.gflops:.0f} GFLOP/s, {pct:.0f}% of the "
+                           "{update_rate.peak_gflops:.0f} GFLOP/s this machine's bf16 products reach at the batch's "
+                           "{update_rate.rows:,} rows", pct=lambda d: 100 * d["update_rate"]["fraction_of_peak"]),
+    # docs/scale.md: the lean paths on Gemma 3 270M (scripts/lean_paths.py)
+    F(SCALE_DOC, LEAN_GEMMA, "took {step.lean.median_step_s:.1f} s with the lean paths against "
+                             "{step.generic.median_step_s:.1f} s without ({step.lean_speedup:.2f}x faster"),
+    F(SCALE_DOC, LEAN_GEMMA, "LeanDecoder made {generation.tokens_per_s.lean:.1f} tokens/s against the model's own "
+                             "forward's {generation.tokens_per_s.generic:.1f} ({generation.lean_speedup:.2f}x)"),
+    # docs/memory.md: the plan of issue #49 (train.memory_limit) in three measured rows
+    F(MEMORY_DOC, MEMORY, "micro-batches of {mb:,} tokens (the cap: larger ones buy no speed, "
+                          "`bench/results/update_speed.json`), peaked at {p:.2f} GB ({o:.2f}x its floor, planned {pl:.2f} "
+                          "GB) and took {s:.0f} s a step",
+      mb=lambda d: _entry(d, "smollm2-135m-full-P8-T48")["micro_batch_tokens"],
+      p=lambda d: _entry(d, "smollm2-135m-full-P8-T48")["peak_mb"] * 2**20 / 1e9,
+      o=lambda d: _entry(d, "smollm2-135m-full-P8-T48")["peak_over_floor"],
+      pl=lambda d: _entry(d, "smollm2-135m-full-P8-T48")["planned_mb"] * 2**20 / 1e9,
+      s=lambda d: _mean(_entry(d, "smollm2-135m-full-P8-T48")["step_s"])),
+    F(MEMORY_DOC, MEMORY, "peaked at {p:.2f} GB against a plan of {pl:.2f} GB, {s:.0f} s a step",
+      p=lambda d: _entry(d, "gemma3-270m-full-P4")["peak_mb"] * 2**20 / 1e9,
+      pl=lambda d: _entry(d, "gemma3-270m-full-P4")["planned_mb"] * 2**20 / 1e9,
+      s=lambda d: _mean(_entry(d, "gemma3-270m-full-P4")["step_s"])),
+    F(MEMORY_DOC, MEMORY, "peaked at {p:.2f} GB ({pg:.2f} GiB, within the limit; planned {pl:.2f} GB) in micro-batches of "
+                          "{mb} tokens at {s:.0f} s a step, where the earlier lean plan's micro-batches of {qmb} tokens "
+                          "peaked at {qp:.2f} GB and took {qs:.0f} s",
+      p=lambda d: _entry(d, "qwen2.5-0.5b-full-P4-limit1.5x")["peak_mb"] * 2**20 / 1e9,
+      pg=lambda d: _entry(d, "qwen2.5-0.5b-full-P4-limit1.5x")["peak_mb"] / 1024,
+      pl=lambda d: _entry(d, "qwen2.5-0.5b-full-P4-limit1.5x")["planned_mb"] * 2**20 / 1e9,
+      mb=lambda d: _entry(d, "qwen2.5-0.5b-full-P4-limit1.5x")["micro_batch_tokens"],
+      s=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4-limit1.5x")["step_s"]),
+      qmb=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["micro_batch_tokens"],
+      qp=lambda d: _entry(d, "qwen2.5-0.5b-full-P4")["peak_mb"] * 2**20 / 1e9,
+      qs=lambda d: _mean(_entry(d, "qwen2.5-0.5b-full-P4")["step_s"])),
     F(MEMORY_DOC, MEMORY, "and the checkpointed run's ({r:.2f}; below)",
       r=lambda d: _entry(d, "qwen2.5-0.5b-full-ckpt-P4")["planned_over_peak"]),
     # docs/memory.md: 8-bit AdamW moments, learning (grpo.bench.optimizer_learning)

@@ -194,7 +194,10 @@ def test_the_memory_table_is_in_what_fits_your_machine():
     """The rows themselves are checked against bench/results/memory.json in test_figures."""
     section = README.split("### What fits your machine", 1)[1].split("\n## ", 1)[0]
     assert "| model | method | batch | peak GB |" in section and "`bench/results/memory.json`" in section
-    assert "Qwen2.5-0.5B shape" in section and "Qwen2.5-7B shape" in section and "(computed)" in section
+    assert "Qwen2.5-0.5B shape" in section and "| computed |" not in section  # measured rows; the computed plans
+    assert "Qwen2.5-3B and 7B" in section and "(docs/memory.md#what-fits-your-machine)" in section  # one click away
+    memory_doc = (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
+    assert "| Qwen2.5-7B shape |" in memory_doc and "(computed)" in memory_doc
 
 
 def test_every_docs_page_is_one_click_from_the_readme():

@@ -44,6 +44,9 @@ ENTRIES = {
                                              "rollout.max_new_tokens=48"]),
     "qwen2.5-0.5b-full-P4": ("qwen2.5-0.5b", ["rollout.prompts_per_step=4", "rollout.group_size=8"]),
     "qwen2.5-0.5b-full-defaults": ("qwen2.5-0.5b", []),
+    # issue #49: a limit of 1.5x the floor (7,538 MiB x 1.5 = 11.04 GiB): the fastest plan that keeps to it
+    "qwen2.5-0.5b-full-P4-limit1.5x": ("qwen2.5-0.5b", ["train.memory_limit=11.04", "rollout.prompts_per_step=4",
+                                                        "rollout.group_size=8"]),
     # AdamW's moments in 8 bits (torchao's AdamW8bit; needs grpo[torchao])
     "qwen2.5-0.5b-full-adamw8bit-P4": ("qwen2.5-0.5b", ["optim.name=adamw_8bit", "rollout.prompts_per_step=4",
                                                         "rollout.group_size=8"]),
@@ -229,13 +232,14 @@ def _method(overrides: list[str]) -> str:
     method = "LoRA r=16" if "model.lora_rank=16" in overrides else "full"
     return (method + (", bf16 base" if "model.frozen_dtype=bfloat16" in overrides else "")
             + (", 8-bit AdamW" if "optim.name=adamw_8bit" in overrides else "")
-            + (", checkpointing" if "model.gradient_checkpointing=true" in overrides else ""))
+            + (", checkpointing" if "model.gradient_checkpointing=true" in overrides else "")
+            + "".join(f", limit {o.split('=', 1)[1]} GiB" for o in overrides if o.startswith("train.memory_limit=")))
 
 
-def table_rows(result: dict, source: str) -> str:
-    """The README's memory table rows of one results file (GB = 1e9 bytes, as the issue's targets): the measured
-    entries (with TRL's peak on the same model and batch where --trl measured it), then the computed plans, each
-    naming `source`."""
+def table_rows(result: dict, source: str, computed: bool = True) -> str:
+    """The memory table rows of one results file (GB = 1e9 bytes, as the issue's targets): the measured entries
+    (with TRL's peak on the same model and batch where --trl measured it), then, with `computed` (docs/memory.md;
+    the README leaves them there), the computed plans, each naming `source`."""
     rows = []
     entries = result.get("entries", {})
     for name, e in sorted(entries.items(), key=lambda kv: list(ENTRIES).index(kv[0])):  # ENTRIES' order
@@ -247,7 +251,7 @@ def table_rows(result: dict, source: str) -> str:
         rows.append(f"| {LABELS[key]} | {method} | {_batch(e['overrides'])} | {e['peak_mb'] * 2**20 / 1e9:.2f} | "
                     f"{e['floor_mb'] * 2**20 / 1e9:.2f} ({e['peak_over_floor']:.2f}x) | "
                     f"{e['planned_mb'] * 2**20 / 1e9:.2f} | {trl} | {step:.0f} | `{source}` |")
-    for name, c in result.get("computed", {}).items():
+    for name, c in (result.get("computed", {}) if computed else {}).items():
         key = name.rsplit("-", 2)[0]
         method = _method(c["overrides"])
         step = f"~{c['step_s_scaled']:.0f} (computed)" if c.get("step_s_scaled") else "-"
@@ -302,8 +306,9 @@ def main(args) -> int:
                                               int(cfg.get("rollout.group_size", 8)),
                                               int(cfg.get("rollout.max_new_tokens", 32)), Path(d), log=print)
                 write_text_atomic(out, json.dumps(result, indent=1) + "\n")
-        for entry in result["entries"].values():
-            entry.setdefault("params", _counts(entry["model"], []).total)
+        for entry in result["entries"].values():  # (kept entries have theirs: their model may be gone by now)
+            if "params" not in entry:
+                entry["params"] = _counts(entry["model"], []).total
         result["computed"] = computed_plans(result["entries"], Path(d))
     import torch
 
