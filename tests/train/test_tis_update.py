@@ -29,14 +29,21 @@ def _gradients(trainer, batch, tis_cap, sampler_logp):
     return grads, metrics
 
 
-def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):
-    trainer = make_trainer("optim.max_grad_norm=1e9")  # no clipping: gradients compare by their scale
+def _sampled_batch(make_trainer):
+    """(trainer, a batch of 2 prompts x 2 completions it sampled with fixed advantages, the trainer's log-probs of
+    its tokens); no gradient clipping, so gradients compare by their scale."""
+    trainer = make_trainer("optim.max_grad_norm=1e9")
     rollouts = trainer.producer.generate(trainer.stream.next(2), 2, trainer.step_count, 0)
     batch = trainer._policy_batch(rollouts)
     batch.adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     cfg = trainer.cfg
     train_logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
                                 cfg.optim.logprob_chunk_tokens)
+    return trainer, batch, train_logp
+
+
+def test_tis_changes_the_update_only_when_the_log_probs_differ(make_trainer):
+    trainer, batch, train_logp = _sampled_batch(make_trainer)
     plain, m_plain = _gradients(trainer, batch, None, train_logp)
     equal, m_equal = _gradients(trainer, batch, 2.0, train_logp)
     assert all(torch.equal(a, b) for a, b in zip(plain, equal))  # weight exactly 1 on every token
@@ -59,13 +66,7 @@ def test_nan_sampler_log_probs_drop_only_their_tokens_and_say_so(make_trainer, c
     """Issue #51: a sampler log-prob of NaN at some sampled tokens: those tokens' policy-gradient terms are dropped
     (weight 0, the gradient finite), policy/tis_invalid_frac counts them, one warning names them; NaN everywhere
     says the micro-batch's policy gradient is 0 rather than training on it silently."""
-    trainer = make_trainer("optim.max_grad_norm=1e9")
-    rollouts = trainer.producer.generate(trainer.stream.next(2), 2, trainer.step_count, 0)
-    batch = trainer._policy_batch(rollouts)
-    batch.adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    cfg = trainer.cfg
-    train_logp = batch_logprobs(trainer.policy, batch, cfg.optim.micro_batch_tokens, cfg.rollout.temperature,
-                                cfg.optim.logprob_chunk_tokens)
+    trainer, batch, train_logp = _sampled_batch(make_trainer)
     mask = batch.mask.bool()
     broken = train_logp.clone()
     broken[0][mask[0]] = float("nan")  # every sampled token of completion 0
@@ -75,7 +76,8 @@ def test_nan_sampler_log_probs_drop_only_their_tokens_and_say_so(make_trainer, c
     share = float(mask[0].sum() / mask.sum())
     assert metrics["policy/tis_invalid_frac"] == pytest.approx(share, rel=1e-5)
     assert metrics["policy/tis_weight_mean"] == pytest.approx(1 - share, rel=1e-5)  # the rest weigh exactly 1
-    assert f"{int(mask[0].sum())} of {int(mask.sum())} sampled tokens have a NaN or +inf sampler log-prob" in caplog.text
+    said = f"{int(mask[0].sum())} of {int(mask.sum())} sampled tokens have a NaN or +inf sampler log-prob"
+    assert said in caplog.text
     # the same update with completion 0's advantage 0 instead: its tokens then carry no gradient either
     zeroed = copy.copy(batch)
     zeroed.adv = batch.adv.clone()
