@@ -193,13 +193,20 @@ def _head_problem(model) -> tuple[torch.nn.Module | None, str | None]:
     w = head.weight
     if not w.is_floating_point() or tuple(w.shape) != (head.out_features, head.in_features):
         return None, f"its output head's weight is {w.dtype} {tuple(w.shape)} (quantised or packed)"
-    verdict = vars(base).get("_grpo_head_probe")  # the evidence, gathered once per model
-    if verdict is None:
-        verdict = head_probe(base, head)
-        object.__setattr__(base, "_grpo_head_probe", verdict)
-        if verdict[0]:
-            log.info(head_note(base))
+    verdict = probe_once(base, "_grpo_head_probe", lambda: head_probe(base, head), head_note)
     return (head, None) if verdict[0] else (None, verdict[1])
+
+
+def probe_once(base, attr: str, probe, note) -> tuple[bool, str]:
+    """The (agrees, what was seen) of `probe()` for the model `base`, gathered once per model and kept on it as
+    `attr` (a lean path's evidence); on the first call `note(base)` is logged when it agrees."""
+    verdict = vars(base).get(attr)
+    if verdict is None:
+        verdict = probe()
+        object.__setattr__(base, attr, verdict)
+        if verdict[0]:
+            log.info(note(base))
+    return verdict
 
 
 def head_note(model) -> str | None:

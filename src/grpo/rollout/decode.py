@@ -30,7 +30,7 @@ import torch
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from grpo.models.forward import (PROBE_TOKENS, head_note, logits_difference, output_cache, plain_output_head,
-                                 position_ids_from_mask, probe_tolerance)
+                                 position_ids_from_mask, probe_once, probe_tolerance)
 
 log = logging.getLogger("grpo.rollout")
 # config fields whose attention or logits LeanDecoder does not compute: refused by name (a probe's small scores and
@@ -264,12 +264,7 @@ class LeanDecoder:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: adapters stay in
         decoder, why = cls._build(base)
         if decoder is not None:
-            verdict = vars(base).get("_grpo_decoder_probe")  # the evidence, gathered once per model
-            if verdict is None:
-                verdict = decoder_probe(base, decoder)
-                object.__setattr__(base, "_grpo_decoder_probe", verdict)
-                if verdict[0]:
-                    log.info(decoder_note(base))
+            verdict = probe_once(base, "_grpo_decoder_probe", lambda: decoder_probe(base, decoder), decoder_note)
             decoder, why = (decoder, None) if verdict[0] else (None, verdict[1])
         if decoder is None and not vars(base).get("_grpo_decoder_logged"):
             log.warning("generation decodes through the model's own forward (the generic path): %s", why)
