@@ -16,12 +16,13 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install 'grpo[vllm]'; CI: scripts/test_vllm.sh)")
 
 import grpo  # noqa: E402
+from helpers.precision import FLOAT32  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SRC = str(Path(grpo.__file__).resolve().parents[1])
 ARGS = ["rollout.engine=vllm", "train.steps=5", "train.save_every=3", "rollout.prompts_per_step=4",
         "rollout.group_size=4", "eval.n=4", "train.eval_every=0", "log.progress=false", "log.plots=false",
-        "train.preflight=off"]
+        "train.preflight=off", *FLOAT32]  # float32: the engine's log-probs are the trainer's (below 1e-4), a sync claim
 
 
 def grpo_train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -65,7 +66,7 @@ def test_the_tool_task_trains_with_multi_turn_episodes_on_the_engine(tmp_path):
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     argv = [sys.executable, "-m", "grpo.cli", "train", "tools", "rollout.engine=vllm", "train.steps=2",
             "rollout.prompts_per_step=4", "eval.n=4", "train.eval_every=0", "log.progress=false", "log.plots=false",
-            "train.preflight=off", f"train.output_dir={run}"]
+            "train.preflight=off", *FLOAT32, f"train.output_dir={run}"]
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:]
     steps = [r for r in rows(run) if "reward/mean" in r]
