@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.rollout.sampler import sample_tokens
+from grpo.rollout.sampler import CDF_BLOCK, _inverse_cdf, sample_tokens
 
 V = 151_936
 
@@ -66,3 +66,49 @@ def test_top_p_one_logp_is_the_tempered_log_softmax_in_float64(temperature):
     cdf = want.exp().cumsum(-1)
     expected = torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True)[:, 0]
     assert (tok - expected).abs().max() <= 1
+
+
+def reference_token_bounds(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One running sum over each whole row in float64: (the row's running sum before the token, at the token) for
+    every token, and the target u x total x (1 - 1e-6) the inverse CDF looks for."""
+    cdf = probs.double().cumsum(-1)
+    return cdf, u.double()[:, None] * cdf[:, -1:] * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("vocab", [V, 5 * CDF_BLOCK + 17, 3 * CDF_BLOCK])
+def test_the_two_level_inverse_cdf_is_one_running_sum_over_the_row(vocab):
+    """The block totals' running sum, then the block's own (sampler._inverse_cdf, a vocabulary larger than a few
+    blocks): the token whose float64 running sum over the whole row crosses the target, up to float32 rounding at
+    the crossing; never a token of probability 0 (a row with zeros spread through it, the tail block shorter than the
+    others, all mass in the tail block, uniforms at 0 and just below 1); a small vocabulary takes one running sum."""
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(64, vocab, generator=g) * 3, -1)
+    probs[8:16] *= torch.rand(8, vocab, generator=g) > 0.7  # zeros spread through the rows
+    probs[16:24, : vocab - 5] = 0  # all mass in the row's last 5 tokens (the tail block where vocab % CDF_BLOCK)
+    probs[24:32, CDF_BLOCK - 3:] = 0  # all mass in the first block but its last three tokens
+    u = torch.rand(64, generator=g)
+    u[::7], u[1::7] = 0.0, 1 - 2 ** -24  # the ends of [0, 1)
+    tok = _inverse_cdf(probs, u)
+    cdf, target = reference_token_bounds(probs, u)
+    rows = torch.arange(64)
+    assert (probs[rows, tok] > 0).all()
+    before, at = cdf[rows, tok] - probs[rows, tok].double(), cdf[rows, tok]
+    slack = 1e-6 * cdf[:, -1]  # float32 running sums against float64 ones
+    assert (before <= target[:, 0] + slack).all() and (at > target[:, 0] - slack).all()
+
+
+def test_a_block_whose_running_sum_rounds_short_of_its_total_gives_its_last_token_with_probability():
+    """A target between a block's own running sum (summed in order, 1.0 then 1019 tokens of 2e-7) and its total
+    (summed pairwise, slightly more): the token is the block's last with probability, never the next block's first
+    token, whose probability is 0."""
+    vocab = 6 * CDF_BLOCK
+    probs = torch.zeros(1, vocab)
+    probs[0, 0], probs[0, 1:1020] = 1.0, 2e-7  # block 0; its tokens 1020..1023 have probability 0
+    probs[0, CDF_BLOCK + 10:2 * CDF_BLOCK] = 1e-3  # block 1 starts with 10 zeros
+    total_0 = probs[0, :CDF_BLOCK].reshape(1, -1).sum(-1)  # as the sampler sums a block
+    running_0 = probs[0, :CDF_BLOCK].cumsum(-1)[-1]
+    assert total_0 > running_0  # the rounding this test needs (float32 on this CPU)
+    total = probs[0, :CDF_BLOCK].sum() + probs[0, CDF_BLOCK:].sum()
+    target = (total_0 + running_0) / 2
+    u = (target / (total * (1 - 1e-6))).reshape(1)
+    assert int(_inverse_cdf(probs, u)) == 1019
