@@ -286,16 +286,23 @@ def generate_floor(model, tok, prompts, plan: EnginePlan) -> dict:
             "gflop": 2 * (params * (prompt_tokens + decoded) - head.numel() * (prompt_tokens - plan.prompts)) / 1e9,
             "matmul_peak_gflop_per_s": matmul_peak(hidden, inner, embed.device, torch.bfloat16
                                                    if plan.compute != "weights" else embed.dtype),
-            "head_ms": head_orientations(head, plan.prompts * plan.group_size)}
+            "head_ms": head_orientations(head, plan.prompts * plan.group_size,
+                                         torch.bfloat16 if plan.compute != "weights" else None)}
 
 
-def head_orientations(weight: torch.Tensor, rows: int) -> dict:
+def head_orientations(weight: torch.Tensor, rows: int, dtype: torch.dtype | None = None) -> dict:
     """Milliseconds of one decode step's output head for `rows` rows, best of 5 (the bench's clock and threads), in
-    the two orientations of the same product: `linear` F.linear(x, W), (N x H) @ (H x V); `w_xt` W @ x^T, (V x H) @
-    (H x N), which LeanDecoder uses (rollout/decode.py)."""
-    x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
-    return {"linear": _best_s(lambda: torch.nn.functional.linear(x, weight), weight.device) * 1e3,
-            "w_xt": _best_s(lambda: weight @ x.t(), weight.device) * 1e3}
+    the two orientations of the same product: `linear` F.linear(x, W), (N x H) @ (H x V), rows contiguous, which
+    LeanDecoder uses (rollout/decode.py); `w_xt` W @ x^T, (V x H) @ (H x N), returned transposed (a strided view).
+    `*_sampled`: the product and the sampler's first pass over it (float32, then the softmax over each row), as a
+    decode step reads it. dtype: the product's (bfloat16 for a bf16 sampler; None: the weight's)."""
+    w = weight.detach() if dtype is None else weight.detach().to(dtype)
+    x = torch.randn(rows, w.shape[1], device=w.device, dtype=w.dtype)
+    products = {"linear": lambda: torch.nn.functional.linear(x, w), "w_xt": lambda: (w @ x.t()).t()}
+    out = {name: _best_s(f, w.device) * 1e3 for name, f in products.items()}
+    out |= {f"{name}_sampled": _best_s(lambda f=f: torch.softmax(f().float(), -1), w.device) * 1e3
+            for name, f in products.items()}
+    return out
 
 
 def matmul_peak(hidden: int, inner: int, device, dtype, rows: int = 4096) -> float:

@@ -333,14 +333,11 @@ class LeanDecoder:
         return self.head(inner.norm(h)[:, -1])
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, H) -> logits (B, V). A plain linear head is computed as W @ x^T, a (V, B) product returned
-        transposed (a view): on the CPU that orientation of the same product was the faster one at 128 rows
-        (bench/results/engines_model.json, floor.head_ms; docs/performance.md); the sampler reads the view as it is."""
-        head = self.base.lm_head
-        if type(head) is not torch.nn.Linear:
-            return head(x)
-        logits = (head.weight @ x.t()).t()
-        return logits if head.bias is None else logits + head.bias
+        """x (B, H) -> logits (B, V), rows contiguous: the sampler's softmax and block sums read them row by row.
+        (W @ x^T, a (V, B) product returned as a transposed view, made the product alone a few percent faster at
+        128 rows, and the sampler's passes over the strided view slower; grpo.bench.engines measures both,
+        floor.head_ms.)"""
+        return self.base.lm_head(x)
 
 
 def decoder_note(model) -> str | None:
