@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.precision import FLOAT32
+from helpers.tiny_models import save_small_builtin
 
 import grpo
 from grpo.cli import main
@@ -56,16 +57,7 @@ for _name, _fn in [("test_none", none_reward), ("test_sleepy", sleepy_reward), (
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    import torch
-
-    from grpo.models.builtin import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    tok = build_tokenizer()
-    with torch.random.fork_rng():
-        build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return save_small_builtin(tmp_path_factory.mktemp("tiny-model"), size=SMALL)
 
 
 @pytest.fixture(autouse=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_bad_input import GOOD, SMALL, data_file, run, small
+from helpers.tiny_models import save_small_builtin
 from test_bad_input_round3 import small_disk
 
 import grpo.train.checkpoint.save as ckpt
@@ -27,14 +28,7 @@ from grpo.train.checkpoint import load_checkpoint
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """The tiny built-in architecture of tests/test_bad_input.py (its tokenizer has a chat template)."""
-    from grpo.models.builtin import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-model")
-    tok = build_tokenizer()
-    with torch.random.fork_rng():
-        build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return save_small_builtin(tmp_path_factory.mktemp("tiny-model"), size=SMALL)
 
 
 NEEDED = r"\(([0-9.]+ \w+) free of 8.0 MiB; about ([0-9.]+) (B|KiB|MiB) needed\)"

@@ -72,15 +72,16 @@ SMALL_BUILTIN = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, 
                      num_key_value_heads=2, max_position_embeddings=128)
 
 
-def save_small_builtin(path):
-    """A small random model of the built-in architecture and its character tokenizer, saved in `path` (a model
-    directory for CLI tests: fast to load, nothing to warm up)."""
+def save_small_builtin(path, size: dict = SMALL_BUILTIN):
+    """A small random model of the built-in architecture (`size`: its config fields) and its character tokenizer
+    (which has a chat template), saved in `path` (a model directory for CLI tests: fast to load, nothing to warm
+    up). Returns path."""
     import torch
 
     from grpo.models.builtin import build_model, build_tokenizer
 
     tok = build_tokenizer()
     with torch.random.fork_rng():
-        build_model(tok, seed=0, size=SMALL_BUILTIN).save_pretrained(path, safe_serialization=True)
+        build_model(tok, seed=0, size=size).save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path

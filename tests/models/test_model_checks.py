@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.tiny_models import save_small_builtin
 
 from grpo.errors import ModelDirError, UserError
 from grpo.models.checks import check_model_dir, check_safetensors
@@ -20,16 +21,7 @@ SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "nu
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    import torch
-
-    from grpo.models.builtin import build_model, build_tokenizer
-
-    path = tmp_path_factory.mktemp("model")
-    tok = build_tokenizer()
-    with torch.random.fork_rng():
-        build_model(tok, seed=0, size=SMALL).save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
-    return path
+    return save_small_builtin(tmp_path_factory.mktemp("model"), size=SMALL)
 
 
 @pytest.fixture
