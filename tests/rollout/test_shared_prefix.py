@@ -174,3 +174,27 @@ def test_micro_batches_count_the_prompt_once_per_group():
     ones = list(b.group_chunks(1))  # never less than one row
     assert len(ones) == P * G and all(g == 1 for _, _, g in ones)
     assert [r for _, rows, _ in ones for r in range(rows.start, rows.stop)] == list(range(P * G))
+
+
+def test_micro_batches_compute_their_own_columns_not_the_batchs_longest_row():
+    """One long completion no longer makes every micro-batch T wide: groups are packed by their own longest row,
+    a micro-batch computes up to its longest attended position (`columns`), and forward_tokens counts that.
+    Hand-counted: L = 3, G = 2, rows attend 2, 1 | 2, 2 | 9, 4 | 1, 0 positions of T = 10, budget 20 tokens."""
+    P, G, L, T = 4, 2, 3, 10
+    lengths = [2, 1, 2, 2, 9, 4, 1, 0]
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()
+    b = update.PolicyBatch(prompt_ids=torch.zeros(P, L, dtype=torch.long), prompt_mask=torch.ones(P, L),
+                           completion_ids=torch.zeros(P * G, T, dtype=torch.long), mask=mask,
+                           adv=torch.zeros(P * G), group_size=G)
+    chunks = list(b.group_chunks(20))
+    # groups 0 and 1: 2 x (3 + 2 x 2) = 14 tokens; with group 2 (9 wide) 3 x (3 + 2 x 9) = 63: no.
+    # group 2 alone: 3 + 2 x 9 = 21 > 20: parts of (20 - 3) // 9 = 1 row. group 3: 3 + 2 x 1 = 5.
+    assert chunks == [(slice(0, 2), slice(0, 4), G), (slice(2, 3), slice(4, 5), 1), (slice(2, 3), slice(5, 6), 1),
+                      (slice(3, 4), slice(6, 8), G)]
+    assert [b.columns(rows) for _, rows, _ in chunks] == [2, 9, 4, 1]
+    model = torch.nn.Linear(1, 1)  # not sharded: the shared prefix
+    assert b.forward_tokens(model, 20) == (2 * 3 + 4 * 2) + (3 + 9) + (3 + 4) + (3 + 2 * 1)
+    assert b.forward_tokens(model) == P * L + P * G * 9  # one micro-batch: the longest row's 9 columns
+    episodes = update.PolicyBatch(prompt_ids=b.prompt_ids, prompt_mask=b.prompt_mask, completion_ids=b.completion_ids,
+                                  mask=torch.zeros_like(mask), adv=b.adv, group_size=G, attention_mask=mask)
+    assert [episodes.columns(rows) for _, rows, _ in chunks] == [2, 9, 4, 1]  # the attended length, not the loss's

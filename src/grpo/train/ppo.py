@@ -43,6 +43,7 @@ from grpo.models.compute import compute_context
 from grpo.models.value import ValueModel
 from grpo.parallel import SINGLE, all_reduce_grads
 from grpo.train.optim import build_optimizer, guarded_step
+from grpo.train.update import pad_columns
 
 __all__ = ["Critic", "build_value_model", "token_rewards"]
 
@@ -99,14 +100,14 @@ class Critic:
         return torch.cat(parts) * batch.mask
 
     def _values(self, batch, rows_p: slice, rows_n: slice, group_size: int) -> torch.Tensor:
-        """(n, T) float32 values (a bf16 forward's too: the value loss is float32)."""
+        """(n, T) float32 values (a bf16 forward's too: the value loss is float32); the forward computes the
+        micro-batch's own columns (PolicyBatch.columns), the padding after them is 0."""
+        t = batch.columns(rows_n)
+        attend = batch.mask if batch.attention_mask is None else batch.attention_mask  # episodes: environment tokens
         with compute_context(self.compute, batch.mask.device):
             v = self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                             batch.completion_ids[rows_n],
-                                             (batch.mask if batch.attention_mask is None
-                                              else batch.attention_mask)[rows_n],
-                                             group_size)  # episodes: environment tokens attended
-        return v.float()
+                                             batch.completion_ids[rows_n, :t], attend[rows_n, :t], group_size)
+        return pad_columns(v.float(), batch.mask.shape[1])
 
     def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         """(N, T) whitened GAE advantages for `batch` and metrics; remembers V_old and the returns for update()."""

@@ -187,7 +187,8 @@ class Trainer:
         self.rollouts.sync_weights(self.policy, self.step_count)       # vLLM engine / async worker: the new weights
         metrics |= self._reward_metrics(scores, batch.adv) | self._rollout_metrics(rollouts)
         metrics |= self._perf_metrics(rollouts, t0, t1, scored.generate_s, scored.reward_s) | self.rollouts.metrics()
-        metrics["perf/update_tokens"] = float(batch.forward_tokens(self.train_model))  # for the bench's GFLOP/s
+        metrics["perf/update_tokens"] = float(batch.forward_tokens(self.train_model,  # for the bench's GFLOP/s
+                                                                    self.cfg.optim.micro_batch_tokens))
         # several processes: the job's metrics, the same on every rank
         return StepResult(rollouts, scores, batch.adv, self.dist.reduce_metrics(metrics))
 

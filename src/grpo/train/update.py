@@ -67,35 +67,62 @@ class PolicyBatch:
     def num_groups(self) -> int:
         return self.prompt_ids.shape[0]
 
-    def forward_tokens(self, model) -> int:
-        """The tokens one forward over the batch computes (padding included): each prompt once and the N completions
-        (P*L + N*T), or every row in full when the prompt cannot be shared (FSDP2: N*(L+T))."""
-        (P, L), (N, T) = self.prompt_ids.shape, self.completion_ids.shape
-        return P * L + N * T if _logits_fn(model) is completion_logits else N * (L + T)
+    def forward_tokens(self, model, token_budget: int | None = None) -> int:
+        """The tokens the update's forwards over the batch compute, padding included, as `group_chunks(token_budget)`
+        cuts it: per micro-batch, each prompt once and its rows up to the micro-batch's `columns` (groups x L + rows x
+        columns), or every row in full when the prompt cannot be shared (FSDP2: rows x (L + columns))."""
+        shared = _logits_fn(model) is completion_logits
+        L, total = self.prompt_ids.shape[1], 0
+        for rows_p, rows_n, _ in self.group_chunks(token_budget, shared_prefix=shared):
+            rows, groups, t = rows_n.stop - rows_n.start, rows_p.stop - rows_p.start, self.columns(rows_n)
+            total += groups * L + rows * t if shared else rows * (L + t)
+        return total
+
+    def lengths(self) -> torch.Tensor:
+        """(N,) each completion row's attended length: the last position its forward attends, plus 1 (0: none).
+        Past it a row is padding, which no loss, metric or later position reads."""
+        attended = (self.mask if self.attention_mask is None else self.attention_mask) != 0
+        positions = torch.arange(1, attended.shape[1] + 1, device=attended.device)
+        return (attended * positions).amax(-1)
+
+    def columns(self, rows_n: slice) -> int:
+        """The completion columns a micro-batch of rows_n computes: its longest row's attended length (at least 1);
+        the columns after it are padding in every one of its rows."""
+        return max(1, int(self.lengths()[rows_n].max()))
 
     def group_chunks(self, token_budget: int | None, shared_prefix: bool = True):
         """Micro-batches of about `token_budget` tokens each, as (prompt rows, completion rows, rows per prompt):
-        consecutive whole groups when one fits (a group costs L + G*T tokens when its prompt is computed once, the
-        shared prefix, G*(L+T) when it is repeated); else parts of one group, each with its prompt computed once
-        (L + g*T tokens for g of its rows), so a micro-batch's activations stay within the budget whatever G and T
-        are (at least one row). Every completion row is in exactly one micro-batch. token_budget None: the whole
+        consecutive whole groups while they fit (k groups whose longest row attends t positions cost k x (L + G x t)
+        tokens when each prompt is computed once, the shared prefix, k x G x (L + t) when it is repeated); a group
+        that does not fit alone in parts, each with its prompt computed once (L + g x t tokens for g of its rows),
+        so a micro-batch's activations stay within the budget whatever G and T are (at least one row). Every
+        completion row is in exactly one micro-batch; each computes `columns(rows)` completion positions, not the
+        batch's T: a few long completions cost their own micro-batch, not every one. token_budget None: the whole
         batch at once (a Trainer resolves optim.micro_batch_tokens from its memory plan; this is for direct calls)."""
-        L, T, G = self.prompt_ids.shape[1], self.completion_ids.shape[1], self.group_size
+        L, G = self.prompt_ids.shape[1], self.group_size
         if token_budget is None:
             yield slice(0, self.num_groups), slice(0, self.num_groups * G), G
             return
-        group_tokens = L + G * T if shared_prefix else G * (L + T)
-        if group_tokens <= token_budget or G == 1:
-            per = max(1, token_budget // max(group_tokens, 1))
-            for g0 in range(0, self.num_groups, per):
-                g1 = min(g0 + per, self.num_groups)
-                yield slice(g0, g1), slice(g0 * G, g1 * G), G
-            return
-        rows = max(1, (token_budget - L) // T if shared_prefix else token_budget // (L + T))
-        for g in range(self.num_groups):
-            for r0 in range(0, G, rows):
-                r1 = min(r0 + rows, G)
-                yield slice(g, g + 1), slice(g * G + r0, g * G + r1), r1 - r0
+        group_t = [max(1, int(t)) for t in self.lengths().view(self.num_groups, G).amax(-1).tolist()]
+
+        def cost(groups: int, t: int) -> int:
+            return groups * (L + G * t) if shared_prefix else groups * G * (L + t)
+
+        g0 = 0
+        while g0 < self.num_groups:
+            g1, t = g0 + 1, group_t[g0]
+            if cost(1, t) > token_budget and G > 1:  # one group is too many tokens: parts of it
+                rows = max(1, (token_budget - L) // t if shared_prefix else token_budget // (L + t))
+                for r0 in range(0, G, rows):
+                    r1 = min(r0 + rows, G)
+                    yield slice(g0, g1), slice(g0 * G + r0, g0 * G + r1), r1 - r0
+                g0 = g1
+                continue
+            while g1 < self.num_groups and cost(g1 + 1 - g0, max(t, group_t[g1])) <= token_budget:
+                t = max(t, group_t[g1])
+                g1 += 1
+            yield slice(g0, g1), slice(g0 * G, g1 * G), G
+            g0 = g1
 
 
 def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice, temperature: float,
@@ -103,13 +130,22 @@ def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice,
                         group_size: int | None = None, head_grad_in_place: bool = False):
     """logp (n, T) of the sampled tokens for the completion rows rows_n of the prompts rows_p, group_size of them
     per prompt (None: the batch's G, whole groups; fewer: a part of one group, `PolicyBatch.group_chunks`), and
-    the entropy, without gradient, if asked."""
-    return completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                     batch.completion_ids[rows_n],
-                                     (batch.mask if batch.attention_mask is None else batch.attention_mask)[rows_n],
-                                     group_size or batch.group_size,
-                                     temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-                                     forward_fn=_logits_fn(model), head_grad_in_place=head_grad_in_place)
+    the entropy, without gradient, if asked. The forward computes the micro-batch's own `columns` only; the
+    positions after them, padding in every row, are 0 in logp and entropy."""
+    t = batch.columns(rows_n)
+    attend = batch.mask if batch.attention_mask is None else batch.attention_mask
+    logp, entropy = completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
+                                              batch.completion_ids[rows_n, :t], attend[rows_n, :t],
+                                              group_size or batch.group_size, temperature=temperature,
+                                              chunk_size=chunk_size, with_entropy=with_entropy,
+                                              forward_fn=_logits_fn(model), head_grad_in_place=head_grad_in_place)
+    T = batch.mask.shape[1]
+    return pad_columns(logp, T), None if entropy is None else pad_columns(entropy, T)
+
+
+def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x (n, t) -> (n, width), zeros after column t (differentiable)."""
+    return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 def _logits_fn(model):
