@@ -41,6 +41,7 @@ SOURCES = {
     "bench/results/engines_model.json": ("src/grpo/bench/engines.py", "bench/results/engines_model.json"),
     "bench/results/engines_model_bf16.json": ("src/grpo/bench/engines.py", "bench/results/engines_model_bf16.json"),
     "bench/results/lean_paths_gemma3.json": ("scripts/lean_paths.py", "bench/results/lean_paths_gemma3.json"),
+    "bench/results/base_model_gemma3.json": ("src/grpo/bench/base_model.py", "bench/results/base_model_gemma3.json"),
     "bench/results/versus_trl_smollm2_p8.json": ("src/grpo/bench/versus_trl.py", "bench/results/versus_trl"),
     "bench/results/optimizer_learning.json": ("src/grpo/bench/optimizer_learning.py",
                                               "bench/results/optimizer_learning.json"),
@@ -104,6 +105,7 @@ MEMORY = "bench/results/memory.json"
 ENGINES_MODEL = "bench/results/engines_model.json"
 ENGINES_BF16 = "bench/results/engines_model_bf16.json"
 LEAN_GEMMA = "bench/results/lean_paths_gemma3.json"
+BASE_GEMMA = "bench/results/base_model_gemma3.json"
 VERSUS_P8 = "bench/results/versus_trl_smollm2_p8.json"
 OPTIM_LEARNING = "bench/results/optimizer_learning.json"
 UPDATE_SPEED = "bench/results/update_speed.json"
@@ -742,6 +744,16 @@ FIGURES = [
                              "{step.generic.median_step_s:.1f} s without ({step.lean_speedup:.2f}x faster"),
     F(SCALE_DOC, LEAN_GEMMA, "LeanDecoder made {generation.tokens_per_s.lean:.1f} tokens/s against the model's own "
                              "forward's {generation.tokens_per_s.generic:.1f} ({generation.lean_speedup:.2f}x)"),
+    # docs/scale.md: Gemma 3 270M base at the defaults with rollout.stop (grpo.bench.base_model)
+    F(SCALE_DOC, BASE_GEMMA, "below 100; {spec.train_size:,} training problems, and {runs[0].test_n} test and {runs[0].val_n} "
+                             "validation problems never trained on)"),
+    F(SCALE_DOC, BASE_GEMMA, "{spec.steps} steps. Seed {runs[0].seed}: greedy test accuracy {runs[0].test_before:.3f} "
+                             "-> {runs[0].test_after:.3f} ({runs[0].gain:+.3f} on {runs[0].test_n} problems; the model "
+                             "chosen on validation was the last), no full-logits warning, a {runs[0].preflight_s:.0f} s "
+                             "preflight, {runs[0].step_s_median:.0f} s a step"),
+    F(SCALE_DOC, BASE_GEMMA, "{runs[0].peak_rss_mb!k:.1f} GB against {runs[0].planned_peak_mb!k:.1f} GB "
+                             "({runs[0].peak_over_plan:.2f}x)"),
+    F(SCALE_DOC, BASE_GEMMA, "(exit {without_stop.exit_code}, {without_stop.wall_s:.0f} s)"),
     # docs/memory.md: the plan of issue #49 (train.memory_limit) in three measured rows
     F(MEMORY_DOC, MEMORY, "micro-batches of {mb:,} tokens (the cap: larger ones buy no speed, "
                           "`bench/results/update_speed.json`), peaked at {p:.2f} GB ({o:.2f}x its floor, planned {pl:.2f} "
