@@ -103,10 +103,10 @@ class Critic:
         """(n, T) float32 values (a bf16 forward's too: the value loss is float32); the forward computes the
         micro-batch's own columns (PolicyBatch.columns), the padding after them is 0."""
         t = batch.columns(rows_n)
-        attend = batch.mask if batch.attention_mask is None else batch.attention_mask  # episodes: environment tokens
-        with compute_context(self.compute, batch.mask.device):
+        with compute_context(self.compute, batch.mask.device):  # episodes: environment tokens attended
             v = self.model.completion_values(batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                             batch.completion_ids[rows_n, :t], attend[rows_n, :t], group_size)
+                                             batch.completion_ids[rows_n, :t], batch.attended[rows_n, :t],
+                                             group_size)
         return pad_columns(v.float(), batch.mask.shape[1])
 
     def advantages(self, batch, rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:

@@ -78,10 +78,15 @@ class PolicyBatch:
             total += groups * L + rows * t if shared else rows * (L + t)
         return total
 
+    @property
+    def attended(self) -> torch.Tensor:
+        """(N, T) what the forward attends: attention_mask (episodes) or else the loss mask."""
+        return self.mask if self.attention_mask is None else self.attention_mask
+
     def lengths(self) -> torch.Tensor:
         """(N,) each completion row's attended length: the last position its forward attends, plus 1 (0: none).
         Past it a row is padding, which no loss, metric or later position reads."""
-        attended = (self.mask if self.attention_mask is None else self.attention_mask) != 0
+        attended = self.attended != 0
         positions = torch.arange(1, attended.shape[1] + 1, device=attended.device)
         return (attended * positions).amax(-1)
 
@@ -133,9 +138,8 @@ def completion_logprobs(model, batch: PolicyBatch, rows_p: slice, rows_n: slice,
     the entropy, without gradient, if asked. The forward computes the micro-batch's own `columns` only; the
     positions after them, padding in every row, are 0 in logp and entropy."""
     t = batch.columns(rows_n)
-    attend = batch.mask if batch.attention_mask is None else batch.attention_mask
     logp, entropy = completion_token_logprobs(model, batch.prompt_ids[rows_p], batch.prompt_mask[rows_p],
-                                              batch.completion_ids[rows_n, :t], attend[rows_n, :t],
+                                              batch.completion_ids[rows_n, :t], batch.attended[rows_n, :t],
                                               group_size or batch.group_size, temperature=temperature,
                                               chunk_size=chunk_size, with_entropy=with_entropy,
                                               forward_fn=_logits_fn(model), head_grad_in_place=head_grad_in_place)
