@@ -12,7 +12,7 @@ from grpo.types import Prompt
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
-def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
+def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None, **fields):
     """2 layers (Gemma 3: 3, sliding, global, sliding), 4 query heads sharing 2 key/value heads (GQA), fp32,
     eval-independent (no dropout). Gemma 3's norms are drawn at random and its logits spread (helpers.tiny_models
     spread): its (1 + w) norms would otherwise all be the identity."""
@@ -25,6 +25,7 @@ def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None):
                   tie_word_embeddings=eos_bias is None)
     if arch in ("qwen3", "gemma3"):
         kwargs["head_dim"] = 8
+    kwargs |= fields
     with torch.random.fork_rng():
         model = build(arch, seed=seed, **kwargs).float()
         if arch == "gemma3":

@@ -58,6 +58,38 @@ def test_logits_and_gradients_equal_the_unshared_computation(tok, arch):
         assert_grad_close(g_shared[name], g_plain[name], name)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+@pytest.mark.parametrize("window", [2, 4, 12, 64])
+def test_sliding_window_layers_share_the_prompt_exactly(tok, arch, window):
+    """Sliding-window cache layers (Gemma 3's beside its global ones, Mistral's in every layer) take the shared path:
+    the prompt is computed once per group, and with a window shorter than the prompts (2, 4: they run to 17 tokens),
+    between the prompt and the whole sequence (12) and longer than it (64) the logits and gradients equal the
+    unshared computation over the N full sequences. The window matters to these logits (a short window's differ from
+    the long one's), so a shared path that attended outside the window would fail."""
+    model = tiny_model(arch, tok, sliding_window=window)
+    model.train()
+    G = 3
+    prompt_ids, prompt_mask, completion_ids, mask = batch(tok, G)
+    args = (prompt_ids, prompt_mask, completion_ids, mask, G)
+    seen = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel()))
+    weights = torch.randn(*completion_ids.shape, len(tok), generator=torch.Generator().manual_seed(1))
+    shared, g_shared = logits_and_grads(completion_logits, model, args, weights)
+    (P, L), (N, T) = prompt_ids.shape, completion_ids.shape
+    assert sum(seen) == P * (L - 1) + N * T  # shared: the prompt once per group
+    handle.remove()
+    plain, g_plain = logits_and_grads(unshared_completion_logits, model, args, weights)
+    m = mask.bool()
+    torch.testing.assert_close(shared[m], plain[m], rtol=1e-5, atol=1e-5)
+    assert g_shared.keys() == g_plain.keys()
+    for name in g_plain:
+        assert_grad_close(g_shared[name], g_plain[name], name)
+    if window < L + T:
+        with torch.no_grad():  # the same weights (the same seed), a window longer than every sequence
+            unwindowed = unshared_completion_logits(tiny_model(arch, tok, sliding_window=10_000), *args)
+        assert (unwindowed[m] - plain[m]).abs().max() > 1e-3
+
+
 def test_prompt_tokens_are_computed_once_per_group(tok):
     model = tiny_model("llama", tok)
     G = 4
@@ -176,7 +208,7 @@ def test_micro_batches_count_the_prompt_once_per_group():
     assert [r for _, rows, _ in ones for r in range(rows.start, rows.stop)] == list(range(P * G))
 
 
-def test_micro_batches_compute_their_own_columns_not_the_batchs_longest_row():
+def test_micro_batches_compute_their_own_columns_not_the_batchs_longest_row(tok):
     """One long completion no longer makes every micro-batch T wide: groups are packed by their own longest row,
     a micro-batch computes up to its longest attended position (`columns`), and forward_tokens counts that.
     Hand-counted: L = 3, G = 2, rows attend 2, 1 | 2, 2 | 9, 4 | 1, 0 positions of T = 10, budget 20 tokens."""
@@ -192,9 +224,48 @@ def test_micro_batches_compute_their_own_columns_not_the_batchs_longest_row():
     assert chunks == [(slice(0, 2), slice(0, 4), G), (slice(2, 3), slice(4, 5), 1), (slice(2, 3), slice(5, 6), 1),
                       (slice(3, 4), slice(6, 8), G)]
     assert [b.columns(rows) for _, rows, _ in chunks] == [2, 9, 4, 1]
-    model = torch.nn.Linear(1, 1)  # not sharded: the shared prefix
+    model = tiny_model("llama", tok)  # not sharded, a plain cache: the shared prefix
     assert b.forward_tokens(model, 20) == (2 * 3 + 4 * 2) + (3 + 9) + (3 + 4) + (3 + 2 * 1)
     assert b.forward_tokens(model) == P * L + P * G * 9  # one micro-batch: the longest row's 9 columns
     episodes = update.PolicyBatch(prompt_ids=b.prompt_ids, prompt_mask=b.prompt_mask, completion_ids=b.completion_ids,
                                   mask=torch.zeros_like(mask), adv=b.adv, group_size=G, attention_mask=mask)
     assert [episodes.columns(rows) for _, rows, _ in chunks] == [2, 9, 4, 1]  # the attended length, not the loss's
+
+
+@pytest.mark.parametrize("case", ["llama", "gemma3", "checkpointing", "no shareable cache"])
+def test_the_update_packs_micro_batches_by_the_path_its_forward_takes(tok, case, monkeypatch):
+    """The micro-batches are packed, and forward_tokens counted, by the cost the forward really has: each prompt
+    once per group where completion_logits shares it (a plain or sliding-window cache), every row's prompt where it
+    cannot (gradient checkpointing; a cache that cannot share). Counted by hand and against what the embedding sees
+    during one policy_update: a packing that assumed sharing where the forward repeats the prompt (Gemma 3 before its
+    sliding layers shared) computes more tokens a micro-batch than the budget it was planned for."""
+    from grpo.config import Config
+    from grpo.models import forward
+    from grpo.train.optim import build_optimizer
+
+    model = tiny_model("gemma3" if case == "gemma3" else "llama", tok)
+    if case == "checkpointing":
+        model.gradient_checkpointing_enable()
+    if case == "no shareable cache":
+        monkeypatch.setattr(forward, "_shareable", lambda cache: False)
+    shared = case in ("llama", "gemma3")
+    model.train()
+    cfg = Config()
+    cfg.kl.coef = 0.0
+    cfg.optim.micro_batch_tokens = budget = 60
+    b = _policy_batch(tok, G=3, seed=5)
+    L = b.prompt_ids.shape[1]
+    chunks = list(b.group_chunks(budget, shared_prefix=shared))
+    cost = [(rn.stop - rn.start) * b.columns(rn) + (rp.stop - rp.start) * L if shared else
+            (rn.stop - rn.start) * (L + b.columns(rn)) for rp, rn, _ in chunks]
+    assert len(chunks) > 1 and all(c <= budget or rn.stop - rn.start == 1 for c, (_, rn, _) in zip(cost, chunks))
+    assert b.forward_tokens(model, budget) == sum(cost)
+    forward.plain_output_head(model)  # the lean head's once-per-model probe (8 tokens, twice), before counting
+    seen = []
+    handle = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel()))
+    opt, sched = build_optimizer(model.parameters(), cfg.optim, 4)
+    update.policy_update(model, opt, sched, b, cfg)
+    handle.remove()
+    # shared: a group's prompt but its last token once (the last rides with each completion row, in its columns)
+    groups = sum(rp.stop - rp.start for rp, _, _ in chunks)
+    assert sum(seen) == (sum(cost) - groups if shared else sum(cost))

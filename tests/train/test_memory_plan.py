@@ -140,6 +140,23 @@ def test_the_whole_batch_is_one_micro_batch_when_it_fits_and_the_user_wins(model
                          + max(p["gradients"] + p["activations"], p["generation"]))
 
 
+def test_the_plan_counts_each_prompt_once_only_where_the_cache_shares_it(model_dir, tmp_path, monkeypatch):
+    """The step's tokens: P prompts once and P*G completions where the model's KV cache can share a prompt across its
+    group (plain layers; sliding-window ones, Gemma 3's and Mistral's), P*G*(L+T) where it cannot (the forward then
+    repeats every prompt, models/forward.py completion_logits): the memory plan and the forward agree."""
+    from grpo.models import forward
+
+    _limit(monkeypatch)
+    cpu = torch.device("cpu")
+    _, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L)
+    assert plan.step_tokens == P * L + P * G * T
+    assert forward.config_shares_prompt(tiny_config("gemma3")) and forward.config_shares_prompt(tiny_config("mistral"))
+    monkeypatch.setattr(forward, "_shareable", lambda cache: False)
+    assert not forward.config_shares_prompt(tiny_config("llama"))
+    _, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L)
+    assert plan.step_tokens == P * G * (L + T)
+
+
 def test_a_tight_limit_takes_the_most_tokens_that_fit_then_checkpointing(model_dir, tmp_path, monkeypatch):
     """Below the whole batch, the micro-batch is the most tokens whose activations fit beside the rest of the plan;
     where not even one completion row (prompt + T) fits, gradient checkpointing (auto) is turned on, said in a note;

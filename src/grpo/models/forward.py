@@ -91,17 +91,41 @@ def output_cache(out):
 
 
 def _shareable(cache) -> bool:
-    """True when every layer of `cache` is a plain growing (concatenating) cache layer that repeats
-    differentiably; anything else (sliding windows, quantised or static layers, no cache) takes the
-    unshared path."""
+    """True when every layer of `cache` is a growing (concatenating) cache layer that repeats differentiably: a
+    plain one, or a sliding-window one (Gemma 2/3, Mistral, Qwen2 with a window), which keeps the prompt's last
+    window - 1 positions, exactly the keys a completion's queries can still see, and returns them with the new ones
+    while the mask (its get_mask_sizes offset) hides what lies outside each query's window; anything else (quantised,
+    static or offloaded layers, no cache) takes the unshared path. tests/rollout/test_shared_prefix.py compares
+    both paths with windows shorter than the prompt, between, and longer than the sequence."""
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         return False
     try:
-        from transformers.cache_utils import DynamicLayer
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
     except ImportError:  # older transformers: legacy caches; stay on the simple path
         return False
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
+def config_shares_prompt(config) -> bool:
+    """Whether the KV cache a model of `config` builds can share a prompt across its group (`_shareable`, read from
+    the cache layers the config makes, before any forward): the memory plan's question (train/memory_plan.py)."""
+    try:
+        from transformers.cache_utils import DynamicCache
+
+        return _shareable(DynamicCache(config=config))
+    except Exception:  # noqa: BLE001 - a config transformers' DynamicCache cannot read: the plain path's cost
+        return False
+
+
+def shares_prompt(model) -> bool:
+    """Whether `completion_logits` computes each prompt once for its group on `model` as it is now: its cache layers
+    shareable and, while it trains with gradients, no gradient checkpointing. The update packs its micro-batches by
+    the cost this implies (train/update.py PolicyBatch.group_chunks), so both must agree."""
+    if model.training and torch.is_grad_enabled() and _checkpointing(model):
+        return False
+    config = getattr(_base_model(model), "config", None)
+    return config is not None and config_shares_prompt(config)
 
 
 def _checkpointing(model) -> bool:
@@ -140,15 +164,14 @@ def completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion
     G = group_size
     if N != P * G:
         raise ValueError(f"completion rows ({N}) must be prompts ({P}) x group_size ({G})")
-    checkpointing = model.training and torch.is_grad_enabled() and _checkpointing(model)
-    if G == 1 or L == 1 or checkpointing:  # nothing to share, or no cache (checkpointed layers drop it)
+    if G == 1 or L == 1 or not shares_prompt(model):  # nothing to share; a cache that cannot; checkpointed layers
         return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
     prompt_mask = prompt_mask.long()
     positions = position_ids_from_mask(prompt_mask)
     out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
                 use_cache=True, logits_to_keep=1)
     cache = output_cache(out)
-    if not _shareable(cache):  # sliding-window or other special cache layers
+    if not _shareable(cache):  # the cache the forward built is not the one its config promised
         return unshared_completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, G, head)
     cache.batch_repeat_interleave(G)  # keys = keys.repeat_interleave(G): autograd sums the G gradients
     ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(G, 0), completion_ids[:, :-1]], dim=1)

@@ -201,6 +201,7 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
 
     from grpo.models.compute import resolve_compute
     from grpo.models.footprint import parameter_counts, saved_bytes_per_token
+    from grpo.models.forward import config_shares_prompt
     from grpo.models.precision import frozen_dtype, stores_linears_bf16
 
     config = AutoConfig.from_pretrained(model_dir)
@@ -253,11 +254,14 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
         return saved_bytes_per_token(config, dtype, lora, checkpointing, compute)
 
     checkpointing = cfg.model.gradient_checkpointing
+    # each prompt computed once for its group (models/forward.py completion_logits) unless the model's cache cannot
+    # share it or FSDP2 shards the layers (train/update.py _shared_prefix); checkpointing, below, repeats it too
+    shares = config_shares_prompt(config) and cfg.parallel.strategy != "fsdp"
     choosing = cfg.optim.micro_batch_tokens is None
     one_row = prompt_tokens + (completion_tokens or T)  # a micro-batch holds at least one completion and its prompt
     if choosing or checkpointing == "auto":
         tokens, checkpointing, why = _fastest_layout(cfg, plan, per_token_of, fixed_activations, prompt_tokens,
-                                                     completion_tokens, one_row)
+                                                     completion_tokens, one_row, shares)
         if choosing:
             plan.notes.append(f"optim.micro_batch_tokens={tokens:,} (from the memory plan: {why}; set it to change)")
         if cfg.model.gradient_checkpointing == "auto" and checkpointing:
@@ -269,7 +273,7 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
     else:
         tokens = cfg.optim.micro_batch_tokens
     plan.per_token = per_token_of(bool(checkpointing))
-    shared = not checkpointing
+    shared = shares and not checkpointing
     plan.step_tokens = None if completion_tokens is None else step_tokens(cfg, prompt_tokens, completion_tokens, shared)
     plan.micro_batch_tokens = tokens
     used = max(min(tokens, plan.step_tokens or tokens), one_row)  # never more than the step has, at least one row
@@ -282,7 +286,7 @@ def _plan(cfg, model_dir: Path, device: torch.device, dtype: torch.dtype, prompt
 
 
 def _fastest_layout(cfg, plan: MemoryPlan, per_token_of, fixed_activations: int, prompt_tokens: int,
-                    completion_tokens: int | None, one_row: int) -> tuple[int, bool, str]:
+                    completion_tokens: int | None, one_row: int, shares: bool) -> tuple[int, bool, str]:
     """(micro-batch tokens, gradient checkpointing, why) that make the update fastest within plan.limit: the step's
     whole batch (at most MAX_MICRO_BATCH_TOKENS) without checkpointing when it fits; else the most tokens that fit;
     else, where one completion row does not fit, checkpointing (when model.gradient_checkpointing=auto and the
@@ -295,7 +299,7 @@ def _fastest_layout(cfg, plan: MemoryPlan, per_token_of, fixed_activations: int,
             break  # the emulation refuses checkpointing (models/compute.py)
         per_token = per_token_of(checkpointing) * ACTIVATION_SLACK
         whole = None if completion_tokens is None else step_tokens(cfg, prompt_tokens, completion_tokens,
-                                                                   shared=not checkpointing)
+                                                                   shared=shares and not checkpointing)
         useful = min(whole or MAX_MICRO_BATCH_TOKENS, MAX_MICRO_BATCH_TOKENS)
         fit = useful if room is None else int(max(room, 0) // max(per_token, 1))
         limit = "no limit known" if room is None else f"the {plan.limit.gib()} limit"

@@ -96,7 +96,8 @@ class Critic:
     @torch.no_grad()
     def values(self, batch) -> torch.Tensor:
         """(N, T) values of the batch's completion states, no gradient, 0 at masked positions."""
-        parts = [self._values(batch, *chunk) for chunk in batch.group_chunks(self.cfg.optim.micro_batch_tokens)]
+        parts = [self._values(batch, *chunk) for chunk in batch.group_chunks(self.cfg.optim.micro_batch_tokens,
+                                                                             shared_prefix=False)]
         return torch.cat(parts) * batch.mask
 
     def _values(self, batch, rows_p: slice, rows_n: slice, group_size: int) -> torch.Tensor:
@@ -173,7 +174,8 @@ class Critic:
         for _ in range(cfg.algo.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum, clipped, finite = 0.0, 0.0, True
-            for rows_p, rows_n, group_size in batch.group_chunks(cfg.optim.micro_batch_tokens):
+            # the critic computes each row's prompt (models/value.py completion_values): micro-batches packed so
+            for rows_p, rows_n, group_size in batch.group_chunks(cfg.optim.micro_batch_tokens, shared_prefix=False):
                 m = keep[rows_n]
                 v = self._values(batch, rows_p, rows_n, group_size)
                 per_token = clipped_value_loss(v, old_values[rows_n], returns[rows_n], m, clip=cfg.algo.value_clip)

@@ -19,7 +19,7 @@ from grpo.algo.registry import policy_loss as policy_loss_fn
 from grpo.algo.tis import truncated_is_weight
 from grpo.models.compute import compute_context
 from grpo.models.forward import (DEFAULT_CHUNK_TOKENS, completion_logits, completion_token_logprobs,
-                                 lean_head_gradients)
+                                 lean_head_gradients, shares_prompt)
 from grpo.train.memory_plan import release_freed_memory
 from grpo.train.optim import guarded_step
 
@@ -71,7 +71,7 @@ class PolicyBatch:
         """The tokens the update's forwards over the batch compute, padding included, as `group_chunks(token_budget)`
         cuts it: per micro-batch, each prompt once and its rows up to the micro-batch's `columns` (groups x L + rows x
         columns), or every row in full when the prompt cannot be shared (FSDP2: rows x (L + columns))."""
-        shared = _logits_fn(model) is completion_logits
+        shared = _shared_prefix(model)
         L, total = self.prompt_ids.shape[1], 0
         for rows_p, rows_n, _ in self.group_chunks(token_budget, shared_prefix=shared):
             rows, groups, t = rows_n.stop - rows_n.start, rows_p.stop - rows_p.start, self.columns(rows_n)
@@ -152,6 +152,13 @@ def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
     return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
+def _shared_prefix(model) -> bool:
+    """Whether the update's forwards compute each prompt once for its group (the cost its micro-batches are packed
+    by): not under FSDP2 (`_logits_fn`), nor for a model whose cache cannot share or that checkpoints its layers
+    (models/forward.py shares_prompt)."""
+    return _logits_fn(model) is completion_logits and shares_prompt(model)
+
+
 def _logits_fn(model):
     """FSDP2 frees a layer's gathered weights after that layer's backward, so a forward whose prompt KV cache
     carries gradients into a second forward of the same layers (a shared-prefix forward) cannot train under it:
@@ -171,7 +178,7 @@ def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: fl
     `compute` says (model.compute_dtype resolved: models/compute.py), as the update's forwards are."""
     with compute_context(compute, batch.mask.device):
         parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size, group_size=g)[0]
-                 for p, n, g in batch.group_chunks(token_budget)]
+                 for p, n, g in batch.group_chunks(token_budget, shared_prefix=_shared_prefix(model))]
     return torch.cat(parts) * batch.mask
 
 
@@ -286,8 +293,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     for epoch in range(cfg.algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
-        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens,
-                                         shared_prefix=_logits_fn(model) is completion_logits))
+        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens, shared_prefix=_shared_prefix(model)))
         for i, (rows_p, rows_n, group_size) in enumerate(chunks):
             with (compute_context(compute, batch.mask.device),
                   lean_head_gradients(model, enabled=not dist.enabled) as in_place):  # one process: no (V, H) temps
