@@ -13,7 +13,7 @@ ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 def tiny_model(arch: str, tok, *, seed: int = 0, eos_bias: float | None = None, **fields):
-    """2 layers (Gemma 3: 3, sliding, global, sliding), 4 query heads sharing 2 key/value heads (GQA), fp32,
+    """2 layers (Gemma 3: a sliding-window one, then a global one), 4 query heads sharing 2 key/value heads (GQA), fp32,
     eval-independent (no dropout). Gemma 3's norms are drawn at random and its logits spread (helpers.tiny_models
     spread): its (1 + w) norms would otherwise all be the identity."""
     from helpers.tiny_models import spread

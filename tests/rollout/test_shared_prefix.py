@@ -59,11 +59,12 @@ def test_logits_and_gradients_equal_the_unshared_computation(tok, arch):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "mistral"])
-@pytest.mark.parametrize("window", [2, 4, 12, 64])
+@pytest.mark.parametrize("window", [2, 4, 12, 20, 64])
 def test_sliding_window_layers_share_the_prompt_exactly(tok, arch, window):
     """Sliding-window cache layers (Gemma 3's beside its global ones, Mistral's in every layer) take the shared path:
-    the prompt is computed once per group, and with a window shorter than the prompts (2, 4: they run to 17 tokens),
-    between the prompt and the whole sequence (12) and longer than it (64) the logits and gradients equal the
+    the prompt is computed once per group, and with a window shorter than the longest prompt (2, 4, 12: it has 17
+    tokens, and the cache keeps its last window - 1), between it and the whole sequence (20: the completions cross
+    the window) and longer than it (64) the logits and gradients equal the
     unshared computation over the N full sequences. The window matters to these logits (a short window's differ from
     the long one's), so a shared path that attended outside the window would fail."""
     model = tiny_model(arch, tok, sliding_window=window)
@@ -238,7 +239,9 @@ def test_the_update_packs_micro_batches_by_the_path_its_forward_takes(tok, case,
     once per group where completion_logits shares it (a plain or sliding-window cache), every row's prompt where it
     cannot (gradient checkpointing; a cache that cannot share). Counted by hand and against what the embedding sees
     during one policy_update: a packing that assumed sharing where the forward repeats the prompt (Gemma 3 before its
-    sliding layers shared) computes more tokens a micro-batch than the budget it was planned for."""
+    sliding layers shared) computes more tokens a micro-batch than the budget it was planned for. The model starts
+    in eval mode, as the trainer's policy is after sampling: the update puts it in train mode, where checkpointing
+    acts (each layer's forward run again in the backward: twice the tokens through a layer), and back after."""
     from grpo.config import Config
     from grpo.models import forward
     from grpo.train.optim import build_optimizer
@@ -249,7 +252,7 @@ def test_the_update_packs_micro_batches_by_the_path_its_forward_takes(tok, case,
     if case == "no shareable cache":
         monkeypatch.setattr(forward, "_shareable", lambda cache: False)
     shared = case in ("llama", "gemma3")
-    model.train()
+    model.eval()
     cfg = Config()
     cfg.kl.coef = 0.0
     cfg.optim.micro_batch_tokens = budget = 60
@@ -261,11 +264,15 @@ def test_the_update_packs_micro_batches_by_the_path_its_forward_takes(tok, case,
     assert len(chunks) > 1 and all(c <= budget or rn.stop - rn.start == 1 for c, (_, rn, _) in zip(cost, chunks))
     assert b.forward_tokens(model, budget) == sum(cost)
     forward.plain_output_head(model)  # the lean head's once-per-model probe (8 tokens, twice), before counting
-    seen = []
-    handle = model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel()))
+    seen, layer = [], []  # the embedding's tokens; a layer's MLP's (checkpointing runs it again, not its layer's hooks)
+    hooks = [model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel())),
+             model.model.layers[0].mlp.register_forward_pre_hook(lambda mod, a: layer.append(a[0].shape[:2].numel()))]
     opt, sched = build_optimizer(model.parameters(), cfg.optim, 4)
     update.policy_update(model, opt, sched, b, cfg)
-    handle.remove()
+    for h in hooks:
+        h.remove()
+    assert not model.training  # back in eval mode
     # shared: a group's prompt but its last token once (the last rides with each completion row, in its columns)
     groups = sum(rp.stop - rp.start for rp, _, _ in chunks)
     assert sum(seen) == (sum(cost) - groups if shared else sum(cost))
+    assert sum(layer) == (2 if case == "checkpointing" else 1) * sum(seen)

@@ -150,9 +150,12 @@ def test_the_plan_counts_each_prompt_once_only_where_the_cache_shares_it(model_d
     cpu = torch.device("cpu")
     _, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L)
     assert plan.step_tokens == P * L + P * G * T
-    assert forward.config_shares_prompt(tiny_config("gemma3")) and forward.config_shares_prompt(tiny_config("mistral"))
-    monkeypatch.setattr(forward, "_shareable", lambda cache: False)
-    assert not forward.config_shares_prompt(tiny_config("llama"))
+    gemma = tmp_path / "gemma3"  # sliding-window layers beside global ones: its config is all the plan reads
+    tiny_config("gemma3", vocab_size=260, hidden_size=64, intermediate_size=128).save_pretrained(gemma)
+    _, plan = memory_plan.plan_memory(_cfg(gemma, tmp_path), gemma, cpu, torch.float32, L)
+    assert plan.step_tokens == P * L + P * G * T
+    assert forward.config_shares_prompt(tiny_config("mistral"))
+    monkeypatch.setattr(forward, "_shareable", lambda cache: False)  # a cache that cannot share
     _, plan = memory_plan.plan_memory(_cfg(model_dir, tmp_path), model_dir, cpu, torch.float32, L)
     assert plan.step_tokens == P * G * (L + T)
 

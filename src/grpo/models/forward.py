@@ -95,8 +95,10 @@ def _shareable(cache) -> bool:
     plain one, or a sliding-window one (Gemma 2/3, Mistral, Qwen2 with a window), which keeps the prompt's last
     window - 1 positions, exactly the keys a completion's queries can still see, and returns them with the new ones
     while the mask (its get_mask_sizes offset) hides what lies outside each query's window; anything else (quantised,
-    static or offloaded layers, no cache) takes the unshared path. tests/rollout/test_shared_prefix.py compares
-    both paths with windows shorter than the prompt, between, and longer than the sequence."""
+    static or offloaded layers, no cache) takes the unshared path. (transformers maps Llama 4's chunked attention to
+    the sliding layer too.) A window of 1 is refused: the layer's `keys[-(W - 1):]` then keeps every position while
+    its mask sizes assume none. tests/rollout/test_shared_prefix.py compares both paths with windows shorter than the
+    prompt, between the prompt and the whole sequence, and longer than it."""
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         return False
     try:
@@ -104,7 +106,8 @@ def _shareable(cache) -> bool:
     except ImportError:  # older transformers: legacy caches; stay on the simple path
         return False
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+    return bool(layers) and all(type(layer) is DynamicLayer or (type(layer) is DynamicSlidingWindowLayer
+                                                                 and layer.sliding_window > 1) for layer in layers)
 
 
 def config_shares_prompt(config) -> bool:
@@ -118,13 +121,17 @@ def config_shares_prompt(config) -> bool:
         return False
 
 
-def shares_prompt(model) -> bool:
-    """Whether `completion_logits` computes each prompt once for its group on `model` as it is now: its cache layers
-    shareable and, while it trains with gradients, no gradient checkpointing. The update packs its micro-batches by
-    the cost this implies (train/update.py PolicyBatch.group_chunks), so both must agree."""
-    if model.training and torch.is_grad_enabled() and _checkpointing(model):
+def shares_prompt(model, training: bool | None = None) -> bool:
+    """Whether `completion_logits` computes each prompt once for its group on `model`: its cache layers shareable
+    and, in a training forward (train mode, gradients on; `training`: None = as the model and autograd are now),
+    no gradient checkpointing, whose layers keep no cache. The update packs its micro-batches by the cost this
+    implies (train/update.py PolicyBatch.group_chunks), so both must agree."""
+    base = _base_model(model)  # DDP, torch.compile and peft wrappers: the transformers model's own settings
+    if training is None:
+        training = model.training and torch.is_grad_enabled()
+    if training and _checkpointing(base):
         return False
-    config = getattr(_base_model(model), "config", None)
+    config = getattr(base, "config", None)
     return config is not None and config_shares_prompt(config)
 
 

@@ -174,7 +174,7 @@ class Critic:
         for _ in range(cfg.algo.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum, clipped, finite = 0.0, 0.0, True
-            # the critic computes each row's prompt (models/value.py completion_values): micro-batches packed so
+            # the critic computes every row's prompt (models/value.py completion_values): packed by that cost
             for rows_p, rows_n, group_size in batch.group_chunks(cfg.optim.micro_batch_tokens, shared_prefix=False):
                 m = keep[rows_n]
                 v = self._values(batch, rows_p, rows_n, group_size)

@@ -9,6 +9,7 @@ the micro-batching.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -70,8 +71,9 @@ class PolicyBatch:
     def forward_tokens(self, model, token_budget: int | None = None) -> int:
         """The tokens the update's forwards over the batch compute, padding included, as `group_chunks(token_budget)`
         cuts it: per micro-batch, each prompt once and its rows up to the micro-batch's `columns` (groups x L + rows x
-        columns), or every row in full when the prompt cannot be shared (FSDP2: rows x (L + columns))."""
-        shared = _shared_prefix(model)
+        columns), or every row in full when the prompt cannot be shared (rows x (L + columns): FSDP2, gradient
+        checkpointing, a cache that cannot share; `_shared_prefix`)."""
+        shared = _shared_prefix(model, training=True)
         L, total = self.prompt_ids.shape[1], 0
         for rows_p, rows_n, _ in self.group_chunks(token_budget, shared_prefix=shared):
             rows, groups, t = rows_n.stop - rows_n.start, rows_p.stop - rows_p.start, self.columns(rows_n)
@@ -152,11 +154,13 @@ def pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
     return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
-def _shared_prefix(model) -> bool:
-    """Whether the update's forwards compute each prompt once for its group (the cost its micro-batches are packed
-    by): not under FSDP2 (`_logits_fn`), nor for a model whose cache cannot share or that checkpoints its layers
-    (models/forward.py shares_prompt)."""
-    return _logits_fn(model) is completion_logits and shares_prompt(model)
+def _shared_prefix(model, training: bool) -> bool:
+    """Whether the forwards compute each prompt once for its group (the cost micro-batches are packed by), in the
+    update's training forwards (`training`) or the no-grad passes: not when FSDP2 trains (`_logits_fn`), nor for a
+    model whose cache cannot share or, training, that checkpoints its layers (models/forward.py shares_prompt)."""
+    from grpo.parallel import is_fsdp
+
+    return not (training and is_fsdp(model)) and shares_prompt(model, training)
 
 
 def _logits_fn(model):
@@ -178,7 +182,7 @@ def batch_logprobs(model, batch: PolicyBatch, token_budget: int, temperature: fl
     `compute` says (model.compute_dtype resolved: models/compute.py), as the update's forwards are."""
     with compute_context(compute, batch.mask.device):
         parts = [completion_logprobs(model, batch, p, n, temperature, chunk_size=chunk_size, group_size=g)[0]
-                 for p, n, g in batch.group_chunks(token_budget, shared_prefix=_shared_prefix(model))]
+                 for p, n, g in batch.group_chunks(token_budget, shared_prefix=_shared_prefix(model, False))]
     return torch.cat(parts) * batch.mask
 
 
@@ -280,6 +284,27 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     jointly, after the backward). compute: model.compute_dtype resolved (models/compute.py); each micro-batch's
     forward runs in it, its backward follows what the forward recorded, the loss and the step stay float32.
     """
+    with training_mode(model):
+        return _policy_update(model, optimizer, scheduler, batch, cfg, dist, kl_in_loss, compute)
+
+
+@contextlib.contextmanager
+def training_mode(model):
+    """`model` in train mode for the update's forwards, back in its own mode after (sampling and the no-grad passes
+    run in eval mode). Gradient checkpointing acts only in train mode (transformers checkpoints a layer when
+    `self.training`), as does LoRA's `model.lora_dropout` and any dropout the model's config sets (0 in the families
+    the project targets: Llama, Qwen2/3, Gemma 3, Mistral)."""
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist, kl_in_loss: bool,
+                   compute: str) -> dict[str, float]:
+    """policy_update's body, the model in train mode."""
     from grpo.parallel import SINGLE, backward_sync
 
     dist = dist or SINGLE
@@ -293,7 +318,7 @@ def policy_update(model, optimizer, scheduler, batch: PolicyBatch, cfg, dist=Non
     for epoch in range(cfg.algo.epochs):
         optimizer.zero_grad(set_to_none=True)
         finite = True
-        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens, shared_prefix=_shared_prefix(model)))
+        chunks = list(batch.group_chunks(cfg.optim.micro_batch_tokens, shared_prefix=_shared_prefix(model, True)))
         for i, (rows_p, rows_n, group_size) in enumerate(chunks):
             with (compute_context(compute, batch.mask.device),
                   lean_head_gradients(model, enabled=not dist.enabled) as in_place):  # one process: no (V, H) temps
