@@ -747,11 +747,13 @@ FIGURES = [
     # docs/scale.md: Gemma 3 270M base at the defaults with rollout.stop (grpo.bench.base_model)
     F(SCALE_DOC, BASE_GEMMA, "below 100; {spec.train_size:,} training problems, and {runs[0].test_n} test and {runs[0].val_n} "
                              "validation problems never trained on)"),
-    F(SCALE_DOC, BASE_GEMMA, "{spec.steps} steps. Seed {runs[0].seed}: greedy test accuracy {runs[0].test_before:.3f} "
-                             "-> {runs[0].test_after:.3f} ({runs[0].gain:+.3f} on {runs[0].test_n} problems; the model "
-                             "chosen on validation was the last), no full-logits warning, a {runs[0].preflight_s:.0f} s "
-                             "preflight, {runs[0].step_s_median:.0f} s a step"),
-    F(SCALE_DOC, BASE_GEMMA, "{runs[0].peak_rss_mb!k:.1f} GB against {runs[0].planned_peak_mb!k:.1f} GB "
+    F(SCALE_DOC, BASE_GEMMA, "{spec.steps} steps. Seed {runs[0].seed} at 5d8ec17: greedy test accuracy "
+                             "{runs[0].test_before:.3f} -> {runs[0].test_after:.3f} ({runs[0].gain:+.3f} on "
+                             "{runs[0].test_n} problems; the model chosen on validation was the last), no full-logits "
+                             "warning, a {runs[0].preflight_s:.0f} s preflight, {runs[0].step_s_median:.0f} s a step"),
+    F(SCALE_DOC, "bench/results/base_model_gemma3_e43a188.json",
+      "gained {runs[0].gain:+.3f} and peaked at {runs[0].peak_rss_mb!k:.1f} GB ({runs[0].peak_over_plan:.2f}x)"),
+    F(SCALE_DOC, BASE_GEMMA, "{runs[0].peak_rss_mb!k:.1f} GB against its plan's {runs[0].planned_peak_mb!k:.1f} GB "
                              "({runs[0].peak_over_plan:.2f}x)"),
     F(SCALE_DOC, BASE_GEMMA, "(exit {without_stop.exit_code}, {without_stop.wall_s:.0f} s)"),
     F(MEMORY_DOC, "bench/results/base_model_gemma3_e43a188.json",
