@@ -756,6 +756,9 @@ FIGURES = [
     F(SCALE_DOC, BASE_GEMMA, "{runs[0].peak_rss_mb!k:.1f} GB against its plan's {runs[0].planned_peak_mb!k:.1f} GB "
                              "({runs[0].peak_over_plan:.2f}x)"),
     F(SCALE_DOC, BASE_GEMMA, "(exit {without_stop.exit_code}, {without_stop.wall_s:.0f} s)"),
+    F(SCALE_DOC, "bench/results/base_model_gemma3_seed1.json",
+      "test\n{runs[0].test_before:.3f} -> {runs[0].test_after:.3f} ({runs[0].gain:+.3f}), peak {runs[0].peak_rss_mb!k:.1f} GB "
+      "against {runs[0].planned_peak_mb!k:.1f} GB ({runs[0].peak_over_plan:.2f}x), {runs[0].step_s_median:.0f} s a step"),
     F(MEMORY_DOC, "bench/results/base_model_gemma3_e43a188.json",
       "which put its peak {runs[0].peak_over_plan:.2f}x over the plan"),
     # docs/memory.md: the plan of issue #49 (train.memory_limit) in three measured rows
